@@ -1,0 +1,54 @@
+"""Postlane: a durable send pipeline for transactional email.
+
+The public API is exactly ``__all__``; everything else is internal and may move.
+"""
+
+from __future__ import annotations
+
+from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.states import DeadReason, State
+from postlane.core.validation import Limits
+from postlane.errors import (
+    ConfigurationError,
+    ContentTooLarge,
+    InvalidAddress,
+    InvalidHeader,
+    InvalidKey,
+    InvalidMessage,
+    MigrationRequired,
+    PostlaneError,
+    StoreError,
+    UnknownLane,
+    UnsupportedConnection,
+)
+from postlane.outbox import enqueue, enqueue_async, enqueue_many, enqueue_many_async
+from postlane.store import Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "ContentTooLarge",
+    "DeadReason",
+    "Delivery",
+    "EnqueueResult",
+    "InvalidAddress",
+    "InvalidHeader",
+    "InvalidKey",
+    "InvalidMessage",
+    "Limits",
+    "Message",
+    "MigrationRequired",
+    "PostlaneError",
+    "State",
+    "Store",
+    "StoreError",
+    "UnknownLane",
+    "UnsupportedConnection",
+    "__version__",
+    "enqueue",
+    "enqueue_async",
+    "enqueue_many",
+    "enqueue_many_async",
+    "open_store",
+]

@@ -1,0 +1,113 @@
+"""The two values every part shares: a send intent (``Message``) and its durable row (``Delivery``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from postlane.core.states import State
+
+DEFAULT_LANE = "interactive"
+EMAIL = "email"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A send intent, already rendered: what every attempt and every replay will send.
+
+    ``key`` is the idempotency key, derived from the business event (``reset:<token-id>``),
+    never from the recipient or a random value: enqueueing the same key again returns the
+    existing delivery.
+    """
+
+    key: str
+    to: str
+    subject: str = ""
+    text: str | None = None
+    html: str | None = None
+    lane: str = DEFAULT_LANE
+    sender: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    channel: str = EMAIL
+    import_id: str | None = None
+    template_id: str | None = None
+    template_version: int | None = None
+    expires_at: datetime | None = None
+    """Absolute end of the message's usefulness; at most one of this and ``expires_in``."""
+    expires_in: timedelta | None = None
+    """Validity window counted from enqueue, on the database clock."""
+    delay: timedelta | None = None
+    """Do not send before enqueue time plus this."""
+
+    def content_size(self) -> int:
+        """Bytes of rendered content, the figure the size limit applies to."""
+        parts = [self.subject, self.text or "", self.html or ""]
+        parts += [f"{k}: {v}" for k, v in self.headers.items()]
+        return sum(len(p.encode("utf-8")) for p in parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One row of the delivery table, as a worker or an operator sees it."""
+
+    id: int
+    key: str
+    lane: str
+    channel: str
+    recipient: str
+    sender: str | None
+    subject: str
+    text: str | None
+    html: str | None
+    headers: dict[str, str]
+    metadata: dict[str, Any]
+    import_id: str | None
+    template_id: str | None
+    template_version: int | None
+    state: State
+    attempts: int
+    claims: int
+    """How many times a worker has claimed it; part of the lease guard."""
+    run_at: datetime
+    expires_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    attempt_started_at: datetime | None
+    provider_message_id: str | None
+    dead_reason: str | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    sent_at: datetime | None
+    finished_at: datetime | None
+
+    def as_message(self) -> Message:
+        """The original intent, for replays: same key, same rendered content."""
+        return Message(
+            key=self.key,
+            to=self.recipient,
+            subject=self.subject,
+            text=self.text,
+            html=self.html,
+            lane=self.lane,
+            sender=self.sender,
+            headers=dict(self.headers),
+            metadata=dict(self.metadata),
+            channel=self.channel,
+            import_id=self.import_id,
+            template_id=self.template_id,
+            template_version=self.template_version,
+            expires_at=self.expires_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """What ``enqueue`` returns: the delivery id, and whether this call created it."""
+
+    id: int
+    key: str
+    created: bool

@@ -1,0 +1,132 @@
+"""The transactional outbox: write a send intent inside the caller's own transaction.
+
+The application's business write and its send intent commit together or not at all::
+
+    with psycopg.connect(url) as conn:           # one transaction
+        conn.execute("INSERT INTO users ...")
+        postlane.enqueue(conn, Message(key=f"welcome:{user_id}", to=email, ...))
+
+Nothing here commits: the caller's commit (or rollback) decides.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from postlane.core.message import EnqueueResult, Message
+from postlane.core.validation import Limits, validate
+from postlane.errors import StoreError, UnsupportedConnection
+from postlane.store import postgres as pg
+from postlane.store import sqlite as sq
+
+DEFAULT_LIMITS = Limits()
+
+
+def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> EnqueueResult:
+    """Write ``message`` through ``conn`` in its current transaction; do not commit.
+
+    ``conn`` is a ``sqlite3.Connection``, a ``psycopg.Connection``, or a SQLAlchemy
+    ``Connection`` or ``Session`` over either. For ``psycopg.AsyncConnection`` use
+    ``enqueue_async``. Enqueueing an existing key returns the existing delivery's id with
+    ``created=False`` and writes nothing.
+    """
+    validate(message, limits)
+    raw = _driver_connection(conn)
+    if isinstance(raw, sqlite3.Connection):
+        return sq.insert_one(raw, message)
+    import psycopg
+
+    if isinstance(raw, psycopg.Connection):
+        return _enqueue_psycopg_sync(raw, message)
+    if isinstance(raw, psycopg.AsyncConnection):
+        raise UnsupportedConnection("an async psycopg connection needs `await enqueue_async(...)`")
+    raise UnsupportedConnection(
+        f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}; pass a "
+        "sqlite3, psycopg 3 or SQLAlchemy connection"
+    )
+
+
+def enqueue_many(
+    conn: Any, messages: Sequence[Message], *, limits: Limits = DEFAULT_LIMITS
+) -> list[EnqueueResult]:
+    """The bulk form of ``enqueue`` (COPY on PostgreSQL); every message is validated first."""
+    for message in messages:
+        validate(message, limits)
+    raw = _driver_connection(conn)
+    if isinstance(raw, sqlite3.Connection):
+        return [sq.insert_one(raw, m) for m in messages]
+    import psycopg
+
+    if isinstance(raw, psycopg.Connection):
+        return _enqueue_many_psycopg_sync(raw, messages)
+    raise UnsupportedConnection(
+        f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}"
+    )
+
+
+async def enqueue_async(
+    conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS
+) -> EnqueueResult:
+    """``enqueue`` for a ``psycopg.AsyncConnection`` in the caller's transaction."""
+    validate(message, limits)
+    import psycopg
+
+    if not isinstance(conn, psycopg.AsyncConnection):
+        raise UnsupportedConnection("enqueue_async takes a psycopg.AsyncConnection")
+    return await pg.enqueue_on_connection(conn, message)
+
+
+async def enqueue_many_async(
+    conn: Any, messages: Sequence[Message], *, limits: Limits = DEFAULT_LIMITS
+) -> list[EnqueueResult]:
+    for message in messages:
+        validate(message, limits)
+    import psycopg
+
+    if not isinstance(conn, psycopg.AsyncConnection):
+        raise UnsupportedConnection("enqueue_many_async takes a psycopg.AsyncConnection")
+    return await pg.enqueue_many_on_connection(conn, messages)
+
+
+def _driver_connection(conn: Any) -> Any:
+    """Unwrap SQLAlchemy to the DB-API connection it drives, inside its transaction."""
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy"):
+        connection = conn.connection() if hasattr(conn, "get_bind") else conn  # Session
+        return connection.connection.driver_connection
+    return conn
+
+
+def _enqueue_psycopg_sync(conn: Any, message: Message) -> EnqueueResult:
+    with conn.cursor() as cur:
+        for _ in range(3):
+            cur.execute(pg.INSERT_ONE, pg.message_params(message))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=True)
+            cur.execute(pg.SELECT_ID_BY_KEY, (message.key,))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=False)
+    raise StoreError(
+        f"key {message.key!r} conflicts with a row this transaction cannot see "
+        "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
+    )
+
+
+def _enqueue_many_psycopg_sync(conn: Any, messages: Sequence[Message]) -> list[EnqueueResult]:
+    """Pipelined inserts (one round trip for the batch); the async form uses COPY."""
+    inserted: list[int | None] = []
+    with conn.cursor() as cur:
+        cur.executemany(pg.INSERT_ONE, [pg.message_params(m) for m in messages], returning=True)
+        for _ in messages:
+            row = cur.fetchone()
+            inserted.append(row[0] if row else None)
+            cur.nextset()
+    return [
+        EnqueueResult(id_, m.key, created=True) if id_ is not None
+        else _enqueue_psycopg_sync(conn, m)
+        for id_, m in zip(inserted, messages, strict=True)
+    ]

@@ -1,0 +1,66 @@
+"""Storage engines behind one interface; ``open_store(url)`` picks one by URL scheme."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from postlane.core.validation import Limits
+from postlane.errors import ConfigurationError
+from postlane.store.base import Claim, RescueResult, Stats, Store, Transition
+
+DEFAULT_DATABASE_URL = "sqlite:///postlane.db"
+DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"
+
+__all__ = [
+    "DATABASE_URL_ENV",
+    "DEFAULT_DATABASE_URL",
+    "Claim",
+    "RescueResult",
+    "Stats",
+    "Store",
+    "Transition",
+    "database_url",
+    "open_store",
+    "redact_url",
+]
+
+
+def database_url(explicit: str | None = None) -> str:
+    """``explicit``, else ``$POSTLANE_DATABASE_URL``, else a SQLite file in the working dir."""
+    return explicit or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+
+
+def open_store(url: str, *, limits: Limits | None = None, pool_size: int = 4) -> Store:
+    """A store for ``sqlite:///path`` (``sqlite:////abs/path``) or ``postgresql://...``.
+
+    The store is not connected yet: use ``async with open_store(url) as store``.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme == "sqlite":
+        from postlane.store.sqlite import SQLiteStore
+
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise ConfigurationError(
+                f"SQLite URL needs a path: sqlite:///relative.db or sqlite:////abs/path.db "
+                f"(got {redact_url(url)!r})"
+            )
+        return SQLiteStore(path, limits=limits)
+    if scheme in ("postgresql", "postgres"):
+        from postlane.store.postgres import PostgresStore
+
+        return PostgresStore(url, limits=limits, max_size=pool_size)
+    raise ConfigurationError(
+        f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} "
+        "(use sqlite:///path or postgresql://...)"
+    )
+
+
+def redact_url(url: str) -> str:
+    """Hide the password of a URL so it can be printed or logged."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,579 @@
+"""The PostgreSQL engine (psycopg 3, async, pooled): the production store for many hosts.
+
+Claims use ``FOR UPDATE SKIP LOCKED``; every state write is one statement guarded by
+state, lease owner and claim number; lease times come from the database clock (``now()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.states import State
+from postlane.core.validation import Limits, validate
+from postlane.errors import StoreError
+from postlane.store import migrations
+from postlane.store.base import (
+    DELIVERY_COLUMNS,
+    Claim,
+    DeadLetter,
+    Event,
+    LaneStats,
+    RescueResult,
+    Stats,
+    Store,
+    Transition,
+    bound_response,
+)
+
+CHANNEL = "postlane_enqueued"
+_COLS = ", ".join(DELIVERY_COLUMNS)
+_D_COLS = ", ".join(f"d.{c}" for c in DELIVERY_COLUMNS)
+_TERMINAL = "('sent', 'dead', 'expired', 'cancelled')"
+
+# -- producing ---------------------------------------------------------------------------
+_INSERT_COLS = (
+    "idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, "
+    "headers, metadata, import_id, template_id, template_version, run_at, expires_at"
+)
+INSERT_ONE = f"""
+WITH ins AS (
+    INSERT INTO postlane_deliveries ({_INSERT_COLS})
+    VALUES (%(key)s, %(lane)s, %(channel)s, %(recipient)s, %(sender)s, %(subject)s, %(text)s,
+            %(html)s, %(headers)s, %(metadata)s, %(import_id)s, %(template_id)s,
+            %(template_version)s, now() + make_interval(secs => %(delay_s)s::float8),
+            COALESCE(%(expires_at)s::timestamptz,
+                     now() + make_interval(secs => %(expires_in_s)s::float8)))
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state)
+    SELECT id, 'enqueued', 'pending' FROM ins
+)
+SELECT id FROM ins
+"""
+SELECT_ID_BY_KEY = "SELECT id FROM postlane_deliveries WHERE idempotency_key = %s"
+
+_STAGING = """
+CREATE TEMP TABLE postlane_staging (
+    ord BIGINT, idempotency_key TEXT, lane TEXT, channel TEXT, recipient TEXT, sender TEXT,
+    subject TEXT, text_body TEXT, html_body TEXT, headers TEXT, metadata TEXT, import_id TEXT,
+    template_id TEXT, template_version INTEGER, delay_s FLOAT8, expires_at TIMESTAMPTZ,
+    expires_in_s FLOAT8
+) ON COMMIT DROP
+"""
+_COPY_STAGING = (
+    "COPY postlane_staging (ord, idempotency_key, lane, channel, recipient, sender, subject, "
+    "text_body, html_body, headers, metadata, import_id, template_id, template_version, "
+    "delay_s, expires_at, expires_in_s) FROM STDIN"
+)
+_INSERT_STAGED = f"""
+WITH ins AS (
+    INSERT INTO postlane_deliveries ({_INSERT_COLS})
+    SELECT idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body,
+           headers::jsonb, metadata::jsonb, import_id, template_id, template_version,
+           now() + make_interval(secs => delay_s),
+           COALESCE(expires_at, now() + make_interval(secs => expires_in_s))
+    FROM postlane_staging ORDER BY ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state)
+    SELECT id, 'enqueued', 'pending' FROM ins
+)
+SELECT id, idempotency_key FROM ins
+"""
+_SELECT_IDS_BY_KEYS = (
+    "SELECT id, idempotency_key FROM postlane_deliveries WHERE idempotency_key = ANY(%s)"
+)
+
+
+def message_params(message: Message) -> dict[str, Any]:
+    """Bind parameters of ``INSERT_ONE`` for a validated message."""
+    return {
+        "key": message.key,
+        "lane": message.lane,
+        "channel": message.channel,
+        "recipient": message.to,
+        "sender": message.sender,
+        "subject": message.subject,
+        "text": message.text,
+        "html": message.html,
+        "headers": Jsonb(dict(message.headers)),
+        "metadata": Jsonb(dict(message.metadata)),
+        "import_id": message.import_id,
+        "template_id": message.template_id,
+        "template_version": message.template_version,
+        "delay_s": message.delay.total_seconds() if message.delay else 0.0,
+        "expires_at": message.expires_at,
+        "expires_in_s": message.expires_in.total_seconds() if message.expires_in else None,
+    }
+
+
+def _staging_row(ord_: int, m: Message) -> tuple[Any, ...]:
+    return (
+        ord_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
+        json.dumps(dict(m.headers)), json.dumps(dict(m.metadata)), m.import_id, m.template_id,
+        m.template_version, m.delay.total_seconds() if m.delay else 0.0, m.expires_at,
+        m.expires_in.total_seconds() if m.expires_in else None,
+    )
+
+
+# -- the worker's path -------------------------------------------------------------------
+_CLAIM = f"""
+WITH picked AS (
+    SELECT id FROM postlane_deliveries
+    WHERE state = 'pending' AND lane = %(lane)s AND run_at <= now()
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE postlane_deliveries d
+    SET state = 'sending', lease_owner = %(owner)s,
+        lease_expires_at = now() + make_interval(secs => %(lease_s)s::float8),
+        claims = d.claims + 1, attempt_started_at = NULL, updated_at = now()
+    FROM picked WHERE d.id = picked.id
+    RETURNING {_D_COLS}
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'claimed', 'sending', jsonb_build_object('owner', %(owner)s::text, 'claim', claims)
+    FROM claimed
+)
+SELECT {_COLS} FROM claimed ORDER BY run_at, id
+"""
+_START = """
+UPDATE postlane_deliveries d SET attempt_started_at = now(), updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(claims)s::int[]) AS t(id, claims)
+WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
+  AND d.lease_owner = %(owner)s AND d.lease_expires_at > now()
+RETURNING d.id
+"""
+_RENEW = """
+UPDATE postlane_deliveries d
+SET lease_expires_at = now() + make_interval(secs => %(lease_s)s::float8), updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(claims)s::int[]) AS t(id, claims)
+WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
+  AND d.lease_owner = %(owner)s AND d.lease_expires_at > now()
+RETURNING d.id
+"""
+_SET_STATE = f"""
+WITH t AS (
+    SELECT * FROM unnest(
+        %(ids)s::bigint[], %(claims)s::int[], %(states)s::text[], %(delays)s::float8[],
+        %(spend)s::int[], %(errors)s::text[], %(pmids)s::text[], %(reasons)s::text[],
+        %(events)s::text[], %(details)s::jsonb[]
+    ) AS t(id, claims, state, delay_s, spend, error, pmid, reason, event, detail)
+), u AS (
+    UPDATE postlane_deliveries d SET
+        state = t.state,
+        attempts = d.attempts + t.spend,
+        run_at = CASE WHEN t.state = 'pending'
+                      THEN now() + make_interval(secs => COALESCE(t.delay_s, 0))
+                      ELSE d.run_at END,
+        lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
+        last_error = COALESCE(t.error, d.last_error),
+        provider_message_id = COALESCE(t.pmid, d.provider_message_id),
+        dead_reason = CASE WHEN t.state = 'dead' THEN t.reason ELSE d.dead_reason END,
+        sent_at = CASE WHEN t.state = 'sent' THEN now() ELSE d.sent_at END,
+        finished_at = CASE WHEN t.state IN {_TERMINAL} THEN now() ELSE NULL END,
+        updated_at = now()
+    FROM t
+    WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
+      AND d.lease_owner = %(owner)s
+    RETURNING d.id, d.state, d.last_error, to_jsonb(d.*) AS snapshot, t.event, t.detail, t.reason
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, event, state, detail FROM u
+), dl AS (
+    INSERT INTO postlane_dead_letters
+        (delivery_id, reason, snapshot, last_response, attempt_history)
+    SELECT u.id, u.reason, u.snapshot, u.last_error,
+           COALESCE((SELECT jsonb_agg(e.data || jsonb_build_object('at', e.at) ORDER BY e.id)
+                     FROM postlane_events e
+                     WHERE e.delivery_id = u.id AND e.data ? 'outcome'), '[]'::jsonb)
+           || CASE WHEN u.detail ? 'outcome'
+                   THEN jsonb_build_array(u.detail || jsonb_build_object('at', now()))
+                   ELSE '[]'::jsonb END
+    FROM u WHERE u.state = 'dead'
+    ON CONFLICT (delivery_id) DO UPDATE SET
+        reason = excluded.reason, snapshot = excluded.snapshot,
+        last_response = excluded.last_response, attempt_history = excluded.attempt_history,
+        dead_at = excluded.dead_at, discarded_at = NULL, discard_reason = NULL
+)
+SELECT id FROM u
+"""
+_RESCUE = """
+WITH picked AS (
+    SELECT id, lease_owner, attempt_started_at IS NOT NULL AS started
+    FROM postlane_deliveries
+    WHERE state = 'sending' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), u AS (
+    UPDATE postlane_deliveries d SET
+        state = CASE WHEN p.started THEN 'ambiguous' ELSE 'pending' END,
+        attempts = d.attempts + CASE WHEN p.started THEN 1 ELSE 0 END,
+        last_error = CASE WHEN p.started
+                          THEN 'lease expired after the attempt started; the provider may '
+                               || 'have accepted it'
+                          ELSE d.last_error END,
+        lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
+        updated_at = now()
+    FROM picked p WHERE d.id = p.id
+    RETURNING d.id, d.state, p.lease_owner, p.started
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'lease_expired', state,
+           jsonb_build_object('owner', lease_owner, 'attempt_started', started)
+    FROM u
+)
+SELECT id, state FROM u
+"""
+
+_CANCEL = """
+WITH u AS (
+    UPDATE postlane_deliveries SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id = %(id)s AND state IN ('pending', 'ambiguous')
+    RETURNING id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'cancelled', 'cancelled', jsonb_build_object('reason', %(reason)s::text) FROM u
+)
+SELECT id FROM u
+"""
+_PRUNE = """
+DELETE FROM postlane_deliveries WHERE id IN (
+    SELECT id FROM postlane_deliveries
+    WHERE finished_at IS NOT NULL AND (
+        (state IN ('sent', 'expired', 'cancelled')
+            AND finished_at < now() - make_interval(secs => %(finished_s)s::float8))
+        OR (state = 'dead' AND finished_at < now() - make_interval(secs => %(dead_s)s::float8)))
+    LIMIT 5000
+)
+"""
+
+
+class PostgresStore(Store):
+    engine = "postgres"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        limits: Limits | None = None,
+        min_size: int = 1,
+        max_size: int = 4,
+    ) -> None:
+        super().__init__(limits)
+        self.url = url
+        self._pool = AsyncConnectionPool(
+            url, min_size=min_size, max_size=max_size, open=False,
+            kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
+        )
+        self._wakeup = asyncio.Event()
+        self._listener: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        try:
+            await self._pool.open(wait=True, timeout=10)
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+        await self._pool.close()
+
+    # -- migrations ------------------------------------------------------------------------
+    async def _applied(self, conn: psycopg.AsyncConnection[Any]) -> set[int]:
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
+            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        cur = await conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        return {row[0] for row in await cur.fetchall()}
+
+    async def migrate(self) -> list[str]:
+        applied: list[str] = []
+        async with self._pool.connection() as conn, conn.transaction():
+            # One migrator at a time across every host.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('postlane_migrate'))")
+            done = await self._applied(conn)
+            for migration in migrations.load(self.engine):
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql.encode())
+                await conn.execute(
+                    f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+                applied.append(migration.label)
+        return applied
+
+    async def pending_migrations(self) -> list[str]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", (migrations.MIGRATIONS_TABLE,)
+            )
+            row = await cur.fetchone()
+            done: set[int] = set()
+            if row and row[0]:
+                cur = await conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+                done = {r[0] for r in await cur.fetchall()}
+        return [m.label for m in migrations.load(self.engine) if m.version not in done]
+
+    # -- producing -------------------------------------------------------------------------
+    async def enqueue(self, message: Message) -> EnqueueResult:
+        validate(message, self.limits)
+        async with self._pool.connection() as conn:
+            result = await enqueue_on_connection(conn, message)
+        self._wakeup.set()
+        return result
+
+    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+        for message in messages:
+            validate(message, self.limits)
+        if not messages:
+            return []
+        async with self._pool.connection() as conn:
+            results = await enqueue_many_on_connection(conn, messages)
+        self._wakeup.set()
+        return results
+
+    # -- the worker's path -----------------------------------------------------------------
+    async def claim_batch(
+        self, lane: str, limit: int, owner: str, lease: timedelta
+    ) -> list[Delivery]:
+        params = {"lane": lane, "limit": limit, "owner": owner,
+                  "lease_s": lease.total_seconds()}
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CLAIM, params)
+            rows = await cur.fetchall()
+        return [_delivery(row) for row in rows]
+
+    async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
+        return await self._ids(_START, owner, claims, {})
+
+    async def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease: timedelta
+    ) -> set[int]:
+        return await self._ids(_RENEW, owner, claims, {"lease_s": lease.total_seconds()})
+
+    async def _ids(
+        self, sql: str, owner: str, claims: Sequence[Claim], extra: dict[str, Any]
+    ) -> set[int]:
+        if not claims:
+            return set()
+        params = {"owner": owner, "ids": [c.id for c in claims],
+                  "claims": [c.claims for c in claims], **extra}
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(sql, params)
+            return {row[0] for row in await cur.fetchall()}
+
+    async def set_state_if_sending_many(
+        self, owner: str, transitions: Sequence[Transition]
+    ) -> set[int]:
+        if not transitions:
+            return set()
+        params = {
+            "owner": owner,
+            "ids": [t.id for t in transitions],
+            "claims": [t.claims for t in transitions],
+            "states": [str(t.state) for t in transitions],
+            "delays": [t.delay_s for t in transitions],
+            "spend": [1 if t.spend_attempt else 0 for t in transitions],
+            "errors": [bound_response(t.error) for t in transitions],
+            "pmids": [t.provider_message_id for t in transitions],
+            "reasons": [t.dead_reason for t in transitions],
+            "events": [t.event for t in transitions],
+            "details": [Jsonb(dict(t.detail)) for t in transitions],
+        }
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_SET_STATE, params)
+            return {row[0] for row in await cur.fetchall()}
+
+    async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_RESCUE, {"limit": limit})
+            rows = await cur.fetchall()
+        return RescueResult(
+            requeued=sorted(r[0] for r in rows if r[1] == State.PENDING),
+            ambiguous=sorted(r[0] for r in rows if r[1] == State.AMBIGUOUS),
+        )
+
+    async def wait_for_work(self, timeout: float) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen())
+        if not self._wakeup.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+        self._wakeup.clear()
+
+    async def _listen(self) -> None:
+        """Hold one connection on LISTEN; reconnect after a drop (polling covers the gap)."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._wakeup.set()  # anything enqueued while we were not listening
+                    async for _ in conn.notifies():
+                        self._wakeup.set()
+            except psycopg.Error:
+                await asyncio.sleep(1.0)
+
+    # -- reading and operating -------------------------------------------------------------
+    async def get(self, id_or_key: int | str) -> Delivery | None:
+        column = "id" if isinstance(id_or_key, int) else "idempotency_key"
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = %s", (id_or_key,)
+            )
+            row = await cur.fetchone()
+        return _delivery(row) if row else None
+
+    async def timeline(self, delivery_id: int) -> list[Event]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, delivery_id, at, kind, state, data FROM postlane_events "
+                "WHERE delivery_id = %s ORDER BY id", (delivery_id,)
+            )
+            return [Event(*row) for row in await cur.fetchall()]
+
+    async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT delivery_id, reason, snapshot, last_response, attempt_history, dead_at, "
+                "replayed_at, replayed_by, discarded_at, discard_reason "
+                "FROM postlane_dead_letters WHERE delivery_id = %s", (delivery_id,)
+            )
+            row = await cur.fetchone()
+        return DeadLetter(*row) if row else None
+
+    async def stats(self) -> Stats:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT lane, count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0) "
+                "FROM postlane_deliveries WHERE state IN ('pending', 'sending') GROUP BY lane"
+            )
+            lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
+            for lane, depth, age in await cur.fetchall():
+                lanes[lane] = LaneStats(int(depth), max(0.0, float(age)))
+            cur = await conn.execute(
+                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
+            )
+            states = {str(s): 0 for s in State}
+            states.update({s: int(n) for s, n in await cur.fetchall()})
+            cur = await conn.execute(
+                "SELECT attempts + 1, count(*) FROM postlane_deliveries "
+                "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
+            )
+            attempts = {str(a): int(n) for a, n in await cur.fetchall()}
+            cur = await conn.execute(
+                "SELECT reason, count(*) FROM postlane_dead_letters "
+                "WHERE replayed_at IS NULL AND discarded_at IS NULL GROUP BY reason"
+            )
+            dead = {r: int(n) for r, n in await cur.fetchall()}
+        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+
+    async def cancel(self, delivery_id: int, reason: str = "") -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CANCEL, {"id": delivery_id, "reason": reason})
+            return await cur.fetchone() is not None
+
+    async def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
+        params = {"finished_s": finished_before.total_seconds(),
+                  "dead_s": dead_before.total_seconds()}
+        total = 0
+        async with self._pool.connection() as conn:
+            while True:
+                cur = await conn.execute(_PRUNE, params)
+                total += cur.rowcount
+                if cur.rowcount < 5000:
+                    return total
+
+
+async def enqueue_on_connection(
+    conn: psycopg.AsyncConnection[Any], message: Message
+) -> EnqueueResult:
+    """Insert-or-find inside whatever transaction ``conn`` is in (the outbox's core)."""
+    async with conn.cursor(row_factory=tuple_row) as cur:
+        for _ in range(3):
+            await cur.execute(INSERT_ONE, message_params(message))
+            row = await cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=True)
+            # The key exists; under READ COMMITTED a fresh statement sees the winner's row.
+            await cur.execute(SELECT_ID_BY_KEY, (message.key,))
+            row = await cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=False)
+    raise StoreError(
+        f"key {message.key!r} conflicts with a row this transaction cannot see "
+        "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
+    )
+
+
+async def enqueue_many_on_connection(
+    conn: psycopg.AsyncConnection[Any], messages: Sequence[Message]
+) -> list[EnqueueResult]:
+    """COPY into a staging table, then one INSERT ... ON CONFLICT DO NOTHING."""
+    created: dict[str, int] = {}
+    async with conn.transaction(), conn.cursor() as cur:
+        await cur.execute(_STAGING)
+        async with cur.copy(_COPY_STAGING) as copy:
+            for i, message in enumerate(messages):
+                await copy.write_row(_staging_row(i, message))
+        await cur.execute(_INSERT_STAGED)
+        created = {key: id_ for id_, key in await cur.fetchall()}
+        missing = list({m.key for m in messages if m.key not in created})
+        existing: dict[str, int] = {}
+        if missing:
+            await cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
+            existing = {key: id_ for id_, key in await cur.fetchall()}
+    results = []
+    seen: set[str] = set()
+    for message in messages:
+        key = message.key
+        if key in created and key not in seen:
+            results.append(EnqueueResult(created[key], key, created=True))
+        elif key in created or key in existing:
+            results.append(EnqueueResult(created.get(key) or existing[key], key, created=False))
+        else:
+            raise StoreError(f"key {key!r} was neither inserted nor found; retry")
+        seen.add(key)
+    return results
+
+
+def _delivery(row: Sequence[Any]) -> Delivery:
+    values = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+    return Delivery(
+        id=values["id"], key=values["idempotency_key"], lane=values["lane"],
+        channel=values["channel"], recipient=values["recipient"], sender=values["sender"],
+        subject=values["subject"], text=values["text_body"], html=values["html_body"],
+        headers=values["headers"], metadata=values["metadata"], import_id=values["import_id"],
+        template_id=values["template_id"], template_version=values["template_version"],
+        state=State(values["state"]), attempts=values["attempts"], claims=values["claims"],
+        run_at=values["run_at"], expires_at=values["expires_at"],
+        lease_owner=values["lease_owner"], lease_expires_at=values["lease_expires_at"],
+        attempt_started_at=values["attempt_started_at"],
+        provider_message_id=values["provider_message_id"], dead_reason=values["dead_reason"],
+        last_error=values["last_error"], created_at=values["created_at"],
+        updated_at=values["updated_at"], sent_at=values["sent_at"],
+        finished_at=values["finished_at"],
+    )

@@ -1,0 +1,536 @@
+"""The SQLite engine: the embedded default that needs nothing installed.
+
+WAL mode with ``synchronous=FULL``; every write is one ``BEGIN IMMEDIATE`` transaction, so
+claims from several processes serialise on SQLite's write lock. Times are REAL unix
+seconds computed by SQLite itself (the database clock). Calls run on one thread per store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.states import State
+from postlane.core.validation import Limits, validate
+from postlane.errors import StoreError
+from postlane.store import migrations
+from postlane.store.base import (
+    DELIVERY_COLUMNS,
+    Claim,
+    DeadLetter,
+    Event,
+    LaneStats,
+    RescueResult,
+    Stats,
+    Store,
+    Transition,
+    bound_response,
+)
+
+T = TypeVar("T")
+
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_COLS = ", ".join(DELIVERY_COLUMNS)
+_TIME_COLUMNS = frozenset({
+    "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
+    "updated_at", "sent_at", "finished_at",
+})
+_TERMINAL = "('sent', 'dead', 'expired', 'cancelled')"
+
+INSERT_ONE = f"""
+INSERT INTO postlane_deliveries (
+    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
+    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
+    updated_at)
+VALUES (:key, :lane, :channel, :recipient, :sender, :subject, :text, :html, :headers,
+        :metadata, :import_id, :template_id, :template_version, {NOW} + :delay_s,
+        COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id
+"""
+_INSERT_EVENT = (
+    f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
+    f"VALUES (?, {NOW}, ?, ?, ?)"
+)
+
+
+def message_params(message: Message) -> dict[str, Any]:
+    return {
+        "key": message.key,
+        "lane": message.lane,
+        "channel": message.channel,
+        "recipient": message.to,
+        "sender": message.sender,
+        "subject": message.subject,
+        "text": message.text,
+        "html": message.html,
+        "headers": json.dumps(dict(message.headers)),
+        "metadata": json.dumps(dict(message.metadata)),
+        "import_id": message.import_id,
+        "template_id": message.template_id,
+        "template_version": message.template_version,
+        "delay_s": message.delay.total_seconds() if message.delay else 0.0,
+        "expires_at": message.expires_at.timestamp() if message.expires_at else None,
+        "expires_in_s": message.expires_in.total_seconds() if message.expires_in else None,
+    }
+
+
+def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
+    """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox)."""
+    row = conn.execute(INSERT_ONE, message_params(message)).fetchone()
+    if row is not None:
+        conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
+        return EnqueueResult(row[0], message.key, created=True)
+    row = conn.execute(
+        "SELECT id FROM postlane_deliveries WHERE idempotency_key = ?", (message.key,)
+    ).fetchone()
+    if row is None:  # pragma: no cover - SQLite serialises writers, so the winner is visible
+        raise StoreError(f"key {message.key!r} conflicts but no row is visible")
+    return EnqueueResult(row[0], message.key, created=False)
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection configured as every Postlane SQLite connection must be."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=60000")
+    return conn
+
+
+class SQLiteStore(Store):
+    engine = "sqlite"
+
+    def __init__(self, path: str, *, limits: Limits | None = None) -> None:
+        super().__init__(limits)
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="postlane-sqlite")
+        self._wakeup = asyncio.Event()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def open(self) -> None:
+        def _open() -> None:
+            try:
+                self._conn = connect(self.path)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        await self._run(_open)
+
+    async def close(self) -> None:
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        await self._run(_close)
+        self._thread.shutdown(wait=True)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("store is not open; use `async with store:` or `await store.open()`")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    # -- migrations ------------------------------------------------------------------------
+    def _applied(self) -> set[int]:
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
+            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        )
+        rows = self.conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        return {r[0] for r in rows}
+
+    async def migrate(self) -> list[str]:
+        def _migrate() -> list[str]:
+            applied = []
+            with self._write():
+                done = self._applied()
+            for migration in migrations.load(self.engine):
+                if migration.version in done:
+                    continue
+                # executescript commits first, so the migration brings its own transaction;
+                # a concurrent migrator blocks on BEGIN IMMEDIATE and then finds it recorded.
+                self.conn.executescript(
+                    "BEGIN IMMEDIATE;\n"
+                    f"{migration.sql}\n"
+                    f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
+                    f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
+                    "COMMIT;"
+                )
+                applied.append(migration.label)
+            return applied
+        return await self._run(_migrate)
+
+    async def pending_migrations(self) -> list[str]:
+        def _pending() -> list[str]:
+            exists = self.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (migrations.MIGRATIONS_TABLE,),
+            ).fetchone()
+            done = self._applied() if exists else set()
+            return [m.label for m in migrations.load(self.engine) if m.version not in done]
+        return await self._run(_pending)
+
+    # -- producing -------------------------------------------------------------------------
+    async def enqueue(self, message: Message) -> EnqueueResult:
+        validate(message, self.limits)
+
+        def _enqueue() -> EnqueueResult:
+            with self._write() as conn:
+                return insert_one(conn, message)
+        result = await self._run(_enqueue)
+        self._wakeup.set()
+        return result
+
+    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+        for message in messages:
+            validate(message, self.limits)
+
+        def _enqueue_many() -> list[EnqueueResult]:
+            with self._write() as conn:
+                return [insert_one(conn, m) for m in messages]
+        results = await self._run(_enqueue_many)
+        self._wakeup.set()
+        return results
+
+    # -- the worker's path -----------------------------------------------------------------
+    async def claim_batch(
+        self, lane: str, limit: int, owner: str, lease: timedelta
+    ) -> list[Delivery]:
+        def _claim() -> list[Delivery]:
+            with self._write() as conn:
+                rows = conn.execute(
+                    f"""
+                    UPDATE postlane_deliveries
+                    SET state = 'sending', lease_owner = :owner,
+                        lease_expires_at = {NOW} + :lease_s, claims = claims + 1,
+                        attempt_started_at = NULL, updated_at = {NOW}
+                    WHERE id IN (
+                        SELECT id FROM postlane_deliveries
+                        WHERE state = 'pending' AND lane = :lane AND run_at <= {NOW}
+                        ORDER BY run_at, id LIMIT :limit)
+                    RETURNING {_COLS}
+                    """,
+                    {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
+                     "limit": limit},
+                ).fetchall()
+                conn.executemany(_INSERT_EVENT, [
+                    (r[0], "claimed", "sending",
+                     json.dumps({"owner": owner, "claim": r[DELIVERY_COLUMNS.index("claims")]}))
+                    for r in rows
+                ])
+            deliveries = [_delivery(r) for r in rows]
+            deliveries.sort(key=lambda d: (d.run_at, d.id))
+            return deliveries
+        return await self._run(_claim)
+
+    def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
+                     extra: dict[str, Any]) -> set[int]:
+        with self._write() as conn:
+            held = set()
+            for claim in claims:
+                row = conn.execute(
+                    sql, {"id": claim.id, "claims": claim.claims, "owner": owner, **extra}
+                ).fetchone()
+                if row:
+                    held.add(row[0])
+            return held
+
+    async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
+        sql = f"""
+            UPDATE postlane_deliveries SET attempt_started_at = {NOW}, updated_at = {NOW}
+            WHERE id = :id AND claims = :claims AND state = 'sending'
+              AND lease_owner = :owner AND lease_expires_at > {NOW}
+            RETURNING id"""
+        if not claims:
+            return set()
+        return await self._run(self._guarded_ids, sql, owner, claims, {})
+
+    async def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease: timedelta
+    ) -> set[int]:
+        sql = f"""
+            UPDATE postlane_deliveries
+            SET lease_expires_at = {NOW} + :lease_s, updated_at = {NOW}
+            WHERE id = :id AND claims = :claims AND state = 'sending'
+              AND lease_owner = :owner AND lease_expires_at > {NOW}
+            RETURNING id"""
+        if not claims:
+            return set()
+        return await self._run(
+            self._guarded_ids, sql, owner, claims, {"lease_s": lease.total_seconds()}
+        )
+
+    async def set_state_if_sending_many(
+        self, owner: str, transitions: Sequence[Transition]
+    ) -> set[int]:
+        if not transitions:
+            return set()
+        return await self._run(self._set_state_if_sending_many, owner, transitions)
+
+    def _set_state_if_sending_many(
+        self, owner: str, transitions: Sequence[Transition]
+    ) -> set[int]:
+        applied: set[int] = set()
+        with self._write() as conn:
+            for t in transitions:
+                row = conn.execute(
+                    f"""
+                    UPDATE postlane_deliveries SET
+                        state = :state,
+                        attempts = attempts + :spend,
+                        run_at = CASE WHEN :state = 'pending'
+                                      THEN {NOW} + COALESCE(:delay_s, 0) ELSE run_at END,
+                        lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
+                        last_error = COALESCE(:error, last_error),
+                        provider_message_id = COALESCE(:pmid, provider_message_id),
+                        dead_reason = CASE WHEN :state = 'dead' THEN :reason
+                                           ELSE dead_reason END,
+                        sent_at = CASE WHEN :state = 'sent' THEN {NOW} ELSE sent_at END,
+                        finished_at = CASE WHEN :state IN {_TERMINAL} THEN {NOW} ELSE NULL END,
+                        updated_at = {NOW}
+                    WHERE id = :id AND claims = :claims AND state = 'sending'
+                      AND lease_owner = :owner
+                    RETURNING {_COLS}
+                    """,
+                    {"state": str(t.state), "spend": 1 if t.spend_attempt else 0,
+                     "delay_s": t.delay_s, "error": bound_response(t.error),
+                     "pmid": t.provider_message_id, "reason": t.dead_reason, "id": t.id,
+                     "claims": t.claims, "owner": owner},
+                ).fetchone()
+                if row is None:
+                    continue
+                applied.add(t.id)
+                conn.execute(_INSERT_EVENT, (t.id, t.event, str(t.state), json.dumps(t.detail)))
+                if t.state == State.DEAD:
+                    self._write_dead_letter(conn, row, t.dead_reason or "unknown")
+        return applied
+
+    def _write_dead_letter(self, conn: sqlite3.Connection, row: Sequence[Any],
+                           reason: str) -> None:
+        values = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+        snapshot = {
+            k: (_iso(v) if k in _TIME_COLUMNS else v) for k, v in values.items()
+        }
+        snapshot["headers"] = json.loads(values["headers"])
+        snapshot["metadata"] = json.loads(values["metadata"])
+        history = [
+            {**json.loads(data), "at": _iso(at)}
+            for data, at in conn.execute(
+                "SELECT data, at FROM postlane_events WHERE delivery_id = ? "
+                "AND json_extract(data, '$.outcome') IS NOT NULL ORDER BY id", (values["id"],))
+        ]
+        conn.execute(
+            f"""
+            INSERT INTO postlane_dead_letters
+                (delivery_id, reason, snapshot, last_response, attempt_history, dead_at)
+            VALUES (?, ?, ?, ?, ?, {NOW})
+            ON CONFLICT (delivery_id) DO UPDATE SET
+                reason = excluded.reason, snapshot = excluded.snapshot,
+                last_response = excluded.last_response,
+                attempt_history = excluded.attempt_history, dead_at = excluded.dead_at,
+                discarded_at = NULL, discard_reason = NULL
+            """,
+            (values["id"], reason, json.dumps(snapshot), values["last_error"],
+             json.dumps(history)),
+        )
+
+    async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
+        def _rescue() -> RescueResult:
+            requeued, ambiguous = [], []
+            with self._write() as conn:
+                rows = conn.execute(
+                    f"SELECT id, lease_owner, attempt_started_at IS NOT NULL "
+                    f"FROM postlane_deliveries WHERE state = 'sending' "
+                    f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at LIMIT ?", (limit,)
+                ).fetchall()
+                for id_, owner, started in rows:
+                    if started:
+                        conn.execute(
+                            f"UPDATE postlane_deliveries SET state = 'ambiguous', "
+                            f"attempts = attempts + 1, last_error = ?, lease_owner = NULL, "
+                            f"lease_expires_at = NULL, attempt_started_at = NULL, "
+                            f"updated_at = {NOW} WHERE id = ?",
+                            ("lease expired after the attempt started; the provider may have "
+                             "accepted it", id_),
+                        )
+                        ambiguous.append(id_)
+                    else:
+                        conn.execute(
+                            f"UPDATE postlane_deliveries SET state = 'pending', "
+                            f"lease_owner = NULL, lease_expires_at = NULL, "
+                            f"attempt_started_at = NULL, updated_at = {NOW} WHERE id = ?",
+                            (id_,),
+                        )
+                        requeued.append(id_)
+                    conn.execute(_INSERT_EVENT, (
+                        id_, "lease_expired", "ambiguous" if started else "pending",
+                        json.dumps({"owner": owner, "attempt_started": bool(started)}),
+                    ))
+            return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
+        return await self._run(_rescue)
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Wake on an in-process enqueue, or on a commit by another connection
+        (``PRAGMA data_version``), polled every 50 ms."""
+        def _version() -> int:
+            return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+        deadline = time.monotonic() + timeout
+        start = await self._run(_version)
+        while not self._wakeup.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), min(0.05, left))
+            except TimeoutError:
+                if await self._run(_version) != start:
+                    break
+        self._wakeup.clear()
+
+    # -- reading and operating -------------------------------------------------------------
+    async def get(self, id_or_key: int | str) -> Delivery | None:
+        column = "id" if isinstance(id_or_key, int) else "idempotency_key"
+
+        def _get() -> Delivery | None:
+            row = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = ?", (id_or_key,)
+            ).fetchone()
+            return _delivery(row) if row else None
+        return await self._run(_get)
+
+    async def timeline(self, delivery_id: int) -> list[Event]:
+        def _timeline() -> list[Event]:
+            rows = self.conn.execute(
+                "SELECT id, delivery_id, at, kind, state, data FROM postlane_events "
+                "WHERE delivery_id = ? ORDER BY id", (delivery_id,)
+            ).fetchall()
+            return [Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
+        return await self._run(_timeline)
+
+    async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
+        def _dead_letter() -> DeadLetter | None:
+            row = self.conn.execute(
+                "SELECT delivery_id, reason, snapshot, last_response, attempt_history, dead_at, "
+                "replayed_at, replayed_by, discarded_at, discard_reason "
+                "FROM postlane_dead_letters WHERE delivery_id = ?", (delivery_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            return DeadLetter(
+                row[0], row[1], json.loads(row[2]), row[3], json.loads(row[4]), _dt(row[5]),
+                _opt_dt(row[6]), row[7], _opt_dt(row[8]), row[9],
+            )
+        return await self._run(_dead_letter)
+
+    async def stats(self) -> Stats:
+        def _stats() -> Stats:
+            conn = self.conn
+            lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
+            for lane, depth, age in conn.execute(
+                f"SELECT lane, count(*), {NOW} - min(created_at) FROM postlane_deliveries "
+                f"WHERE state IN ('pending', 'sending') GROUP BY lane"
+            ):
+                lanes[lane] = LaneStats(int(depth), max(0.0, float(age or 0)))
+            states = {str(s): 0 for s in State}
+            states.update(dict(conn.execute(
+                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
+            ).fetchall()))
+            attempts = {str(a): int(n) for a, n in conn.execute(
+                "SELECT attempts + 1, count(*) FROM postlane_deliveries "
+                "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
+            )}
+            dead = dict(conn.execute(
+                "SELECT reason, count(*) FROM postlane_dead_letters "
+                "WHERE replayed_at IS NULL AND discarded_at IS NULL GROUP BY reason"
+            ).fetchall())
+            return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+        return await self._run(_stats)
+
+    async def cancel(self, delivery_id: int, reason: str = "") -> bool:
+        def _cancel() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"UPDATE postlane_deliveries SET state = 'cancelled', finished_at = {NOW}, "
+                    f"updated_at = {NOW} WHERE id = ? AND state IN ('pending', 'ambiguous') "
+                    f"RETURNING id", (delivery_id,)
+                ).fetchone()
+                if row:
+                    conn.execute(_INSERT_EVENT, (delivery_id, "cancelled", "cancelled",
+                                                 json.dumps({"reason": reason})))
+                return row is not None
+        return await self._run(_cancel)
+
+    async def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
+        def _prune() -> int:
+            total = 0
+            while True:
+                with self._write() as conn:
+                    cur = conn.execute(
+                        f"""DELETE FROM postlane_deliveries WHERE id IN (
+                            SELECT id FROM postlane_deliveries
+                            WHERE finished_at IS NOT NULL AND (
+                                (state IN ('sent', 'expired', 'cancelled')
+                                    AND finished_at < {NOW} - ?)
+                                OR (state = 'dead' AND finished_at < {NOW} - ?))
+                            LIMIT 5000)""",
+                        (finished_before.total_seconds(), dead_before.total_seconds()),
+                    )
+                total += cur.rowcount
+                if cur.rowcount < 5000:
+                    return total
+        return await self._run(_prune)
+
+
+def _dt(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _opt_dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _iso(value: float | None) -> str | None:
+    return None if value is None else _dt(value).isoformat()
+
+
+def _delivery(row: Sequence[Any]) -> Delivery:
+    v = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+    return Delivery(
+        id=v["id"], key=v["idempotency_key"], lane=v["lane"], channel=v["channel"],
+        recipient=v["recipient"], sender=v["sender"], subject=v["subject"],
+        text=v["text_body"], html=v["html_body"], headers=json.loads(v["headers"]),
+        metadata=json.loads(v["metadata"]), import_id=v["import_id"],
+        template_id=v["template_id"], template_version=v["template_version"],
+        state=State(v["state"]), attempts=v["attempts"], claims=v["claims"],
+        run_at=_dt(v["run_at"]), expires_at=_opt_dt(v["expires_at"]),
+        lease_owner=v["lease_owner"], lease_expires_at=_opt_dt(v["lease_expires_at"]),
+        attempt_started_at=_opt_dt(v["attempt_started_at"]),
+        provider_message_id=v["provider_message_id"], dead_reason=v["dead_reason"],
+        last_error=v["last_error"], created_at=_dt(v["created_at"]),
+        updated_at=_dt(v["updated_at"]), sent_at=_opt_dt(v["sent_at"]),
+        finished_at=_opt_dt(v["finished_at"]),
+    )
