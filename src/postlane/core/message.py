@@ -1,4 +1,4 @@
-"""The two values every part shares: a send intent (``Message``) and its durable row (``Delivery``)."""
+"""The two values every part shares: a send intent (``Message``) and its row (``Delivery``)."""
 
 from __future__ import annotations
 

@@ -63,6 +63,14 @@ class Transition:
 
 
 @dataclass(frozen=True, slots=True)
+class Control:
+    name: str
+    value: dict[str, Any]
+    version: int
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     id: int
     delivery_id: int
@@ -168,9 +176,11 @@ class Store(abc.ABC):
     # -- the worker's path -----------------------------------------------------------------
     @abc.abstractmethod
     async def claim_batch(
-        self, lane: str, limit: int, owner: str, lease: timedelta
+        self, lane: str, limit: int, owner: str, lease: timedelta,
+        exclude_imports: Sequence[str] = (),
     ) -> list[Delivery]:
-        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first."""
+        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
+        skipping those of paused imports."""
 
     @abc.abstractmethod
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
@@ -196,11 +206,35 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+        """Resolve ambiguous deliveries (reconciled as sent, requeued, or dead), guarded by
+        state and claim number so two reconcilers cannot both act on one."""
+
+    @abc.abstractmethod
+    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
+        """Ambiguous deliveries, oldest first, for reconciliation."""
+
+    @abc.abstractmethod
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...
 
     @abc.abstractmethod
     async def wait_for_work(self, timeout: float) -> None:
         """Return when new work may have arrived (NOTIFY on PostgreSQL) or after ``timeout``."""
+
+    # -- controls shared by the fleet ------------------------------------------------------
+    @abc.abstractmethod
+    async def get_controls(self) -> dict[str, Control]:
+        """Every control row (lane and import pauses, breaker states), by name."""
+
+    @abc.abstractmethod
+    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        """Write (or, with ``None``, delete) a control unconditionally."""
+
+    @abc.abstractmethod
+    async def compare_and_set_control(
+        self, name: str, expected_version: int | None, value: Mapping[str, Any]
+    ) -> bool:
+        """Write ``value`` only if the row is still at ``expected_version`` (``None``: absent)."""
 
     # -- reading and operating -------------------------------------------------------------
     @abc.abstractmethod

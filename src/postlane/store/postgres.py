@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from postlane.store import migrations
 from postlane.store.base import (
     DELIVERY_COLUMNS,
     Claim,
+    Control,
     DeadLetter,
     Event,
     LaneStats,
@@ -134,6 +135,7 @@ _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM postlane_deliveries
     WHERE state = 'pending' AND lane = %(lane)s AND run_at <= now()
+      AND (import_id IS NULL OR NOT (import_id = ANY(%(exclude_imports)s::text[])))
     ORDER BY run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -166,7 +168,7 @@ WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
   AND d.lease_owner = %(owner)s AND d.lease_expires_at > now()
 RETURNING d.id
 """
-_SET_STATE = f"""
+_SET_STATE_TEMPLATE = f"""
 WITH t AS (
     SELECT * FROM unnest(
         %(ids)s::bigint[], %(claims)s::int[], %(states)s::text[], %(delays)s::float8[],
@@ -188,8 +190,7 @@ WITH t AS (
         finished_at = CASE WHEN t.state IN {_TERMINAL} THEN now() ELSE NULL END,
         updated_at = now()
     FROM t
-    WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
-      AND d.lease_owner = %(owner)s
+    WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
     RETURNING d.id, d.state, d.last_error, to_jsonb(d.*) AS snapshot, t.event, t.detail, t.reason
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state, data)
@@ -212,6 +213,11 @@ WITH t AS (
 )
 SELECT id FROM u
 """
+_SET_STATE_IF_SENDING = _SET_STATE_TEMPLATE.replace(
+    "__GUARD__", "d.state = 'sending' AND d.lease_owner = %(owner)s"
+)
+_SET_STATE_IF_AMBIGUOUS = _SET_STATE_TEMPLATE.replace("__GUARD__", "d.state = 'ambiguous'")
+
 _RESCUE = """
 WITH picked AS (
     SELECT id, lease_owner, attempt_started_at IS NOT NULL AS started
@@ -357,10 +363,11 @@ class PostgresStore(Store):
 
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
-        self, lane: str, limit: int, owner: str, lease: timedelta
+        self, lane: str, limit: int, owner: str, lease: timedelta,
+        exclude_imports: Sequence[str] = (),
     ) -> list[Delivery]:
         params = {"lane": lane, "limit": limit, "owner": owner,
-                  "lease_s": lease.total_seconds()}
+                  "lease_s": lease.total_seconds(), "exclude_imports": list(exclude_imports)}
         async with self._pool.connection() as conn:
             cur = await conn.execute(_CLAIM, params)
             rows = await cur.fetchall()
@@ -388,6 +395,14 @@ class PostgresStore(Store):
     async def set_state_if_sending_many(
         self, owner: str, transitions: Sequence[Transition]
     ) -> set[int]:
+        return await self._set_state_many(_SET_STATE_IF_SENDING, owner, transitions)
+
+    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+        return await self._set_state_many(_SET_STATE_IF_AMBIGUOUS, None, transitions)
+
+    async def _set_state_many(
+        self, sql: str, owner: str | None, transitions: Sequence[Transition]
+    ) -> set[int]:
         if not transitions:
             return set()
         params = {
@@ -404,8 +419,16 @@ class PostgresStore(Store):
             "details": [Jsonb(dict(t.detail)) for t in transitions],
         }
         async with self._pool.connection() as conn:
-            cur = await conn.execute(_SET_STATE, params)
+            cur = await conn.execute(sql, params)
             return {row[0] for row in await cur.fetchall()}
+
+    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
+                "ORDER BY updated_at, id LIMIT %s", (limit,)
+            )
+            return [_delivery(row) for row in await cur.fetchall()]
 
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
         async with self._pool.connection() as conn:
@@ -436,6 +459,43 @@ class PostgresStore(Store):
                         self._wakeup.set()
             except psycopg.Error:
                 await asyncio.sleep(1.0)
+
+    # -- controls shared by the fleet ------------------------------------------------------
+    async def get_controls(self) -> dict[str, Control]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT name, value, version, updated_at FROM postlane_controls"
+            )
+            return {row[0]: Control(*row) for row in await cur.fetchall()}
+
+    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        async with self._pool.connection() as conn:
+            if value is None:
+                await conn.execute("DELETE FROM postlane_controls WHERE name = %s", (name,))
+                return
+            await conn.execute(
+                "INSERT INTO postlane_controls (name, value) VALUES (%s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                "version = postlane_controls.version + 1, updated_at = now()",
+                (name, Jsonb(dict(value))),
+            )
+
+    async def compare_and_set_control(
+        self, name: str, expected_version: int | None, value: Mapping[str, Any]
+    ) -> bool:
+        async with self._pool.connection() as conn:
+            if expected_version is None:
+                cur = await conn.execute(
+                    "INSERT INTO postlane_controls (name, value) VALUES (%s, %s) "
+                    "ON CONFLICT (name) DO NOTHING RETURNING name", (name, Jsonb(dict(value)))
+                )
+            else:
+                cur = await conn.execute(
+                    "UPDATE postlane_controls SET value = %s, version = version + 1, "
+                    "updated_at = now() WHERE name = %s AND version = %s RETURNING name",
+                    (Jsonb(dict(value)), name, expected_version),
+                )
+            return await cur.fetchone() is not None
 
     # -- reading and operating -------------------------------------------------------------
     async def get(self, id_or_key: int | str) -> Delivery | None:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -25,6 +25,7 @@ from postlane.store import migrations
 from postlane.store.base import (
     DELIVERY_COLUMNS,
     Claim,
+    Control,
     DeadLetter,
     Event,
     LaneStats,
@@ -217,8 +218,11 @@ class SQLiteStore(Store):
 
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
-        self, lane: str, limit: int, owner: str, lease: timedelta
+        self, lane: str, limit: int, owner: str, lease: timedelta,
+        exclude_imports: Sequence[str] = (),
     ) -> list[Delivery]:
+        excluded = json.dumps(list(exclude_imports))
+
         def _claim() -> list[Delivery]:
             with self._write() as conn:
                 rows = conn.execute(
@@ -230,11 +234,13 @@ class SQLiteStore(Store):
                     WHERE id IN (
                         SELECT id FROM postlane_deliveries
                         WHERE state = 'pending' AND lane = :lane AND run_at <= {NOW}
+                          AND (import_id IS NULL OR import_id NOT IN
+                               (SELECT value FROM json_each(:excluded)))
                         ORDER BY run_at, id LIMIT :limit)
                     RETURNING {_COLS}
                     """,
                     {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
-                     "limit": limit},
+                     "limit": limit, "excluded": excluded},
                 ).fetchall()
                 conn.executemany(_INSERT_EVENT, [
                     (r[0], "claimed", "sending",
@@ -288,11 +294,28 @@ class SQLiteStore(Store):
     ) -> set[int]:
         if not transitions:
             return set()
-        return await self._run(self._set_state_if_sending_many, owner, transitions)
+        return await self._run(self._set_state_many, owner, transitions)
 
-    def _set_state_if_sending_many(
-        self, owner: str, transitions: Sequence[Transition]
+    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+        if not transitions:
+            return set()
+        return await self._run(self._set_state_many, None, transitions)
+
+    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
+        def _list() -> list[Delivery]:
+            rows = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
+                "ORDER BY updated_at, id LIMIT ?", (limit,)
+            ).fetchall()
+            return [_delivery(r) for r in rows]
+        return await self._run(_list)
+
+    def _set_state_many(
+        self, owner: str | None, transitions: Sequence[Transition]
     ) -> set[int]:
+        """Guarded by (sending, owner) when ``owner`` is given, else by ``ambiguous``."""
+        guard = ("state = 'sending' AND lease_owner = :owner" if owner is not None
+                 else "state = 'ambiguous'")
         applied: set[int] = set()
         with self._write() as conn:
             for t in transitions:
@@ -311,8 +334,7 @@ class SQLiteStore(Store):
                         sent_at = CASE WHEN :state = 'sent' THEN {NOW} ELSE sent_at END,
                         finished_at = CASE WHEN :state IN {_TERMINAL} THEN {NOW} ELSE NULL END,
                         updated_at = {NOW}
-                    WHERE id = :id AND claims = :claims AND state = 'sending'
-                      AND lease_owner = :owner
+                    WHERE id = :id AND claims = :claims AND {guard}
                     RETURNING {_COLS}
                     """,
                     {"state": str(t.state), "spend": 1 if t.spend_attempt else 0,
@@ -410,6 +432,49 @@ class SQLiteStore(Store):
                 if await self._run(_version) != start:
                     break
         self._wakeup.clear()
+
+    # -- controls shared by the fleet ------------------------------------------------------
+    async def get_controls(self) -> dict[str, Control]:
+        def _get() -> dict[str, Control]:
+            rows = self.conn.execute(
+                "SELECT name, value, version, updated_at FROM postlane_controls"
+            ).fetchall()
+            return {r[0]: Control(r[0], json.loads(r[1]), r[2], _dt(r[3])) for r in rows}
+        return await self._run(_get)
+
+    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        def _set() -> None:
+            with self._write() as conn:
+                if value is None:
+                    conn.execute("DELETE FROM postlane_controls WHERE name = ?", (name,))
+                    return
+                conn.execute(
+                    f"INSERT INTO postlane_controls (name, value, updated_at) "
+                    f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO UPDATE SET "
+                    f"value = excluded.value, version = version + 1, updated_at = {NOW}",
+                    (name, json.dumps(dict(value))),
+                )
+        await self._run(_set)
+
+    async def compare_and_set_control(
+        self, name: str, expected_version: int | None, value: Mapping[str, Any]
+    ) -> bool:
+        def _cas() -> bool:
+            with self._write() as conn:
+                if expected_version is None:
+                    row = conn.execute(
+                        f"INSERT INTO postlane_controls (name, value, updated_at) "
+                        f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO NOTHING RETURNING name",
+                        (name, json.dumps(dict(value))),
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        f"UPDATE postlane_controls SET value = ?, version = version + 1, "
+                        f"updated_at = {NOW} WHERE name = ? AND version = ? RETURNING name",
+                        (json.dumps(dict(value)), name, expected_version),
+                    ).fetchone()
+                return row is not None
+        return await self._run(_cas)
 
     # -- reading and operating -------------------------------------------------------------
     async def get(self, id_or_key: int | str) -> Delivery | None:

@@ -1,0 +1,1 @@
+"""The ``postlane`` command: a thin shell over the store and the worker."""

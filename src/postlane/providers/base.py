@@ -1,0 +1,55 @@
+"""The provider seam: one ``send`` and the capability flags the worker reads.
+
+An adapter owns exactly one mapping: a rendered delivery plus its idempotency key into a
+request, and the response (or its absence) into an ``Outcome``. It never raises for a
+provider's answer; an exception out of ``send`` is a bug and dead-letters as
+``handler_error``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from datetime import timedelta
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    deduplicates_by_key: bool = False
+    """A repeat with the same idempotency key returns the original result, sends nothing."""
+    dedup_window: timedelta | None = None
+    """How long the provider remembers a key; a retry past it is not protected."""
+    can_lookup_by_key: bool = False
+    """``lookup`` can tell whether a key was accepted, so ambiguity can be reconciled."""
+
+
+class Provider(abc.ABC):
+    """Base class of every adapter."""
+
+    name: str = "provider"
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    def account(self) -> str:
+        """The rate-limit and breaker scope: one ceiling per provider account."""
+        return self.name
+
+    @abc.abstractmethod
+    async def send(self, delivery: Delivery) -> Outcome:
+        """Send ``delivery`` with ``delivery.key`` as its idempotency key."""
+
+    async def lookup(self, key: str) -> Outcome | None:
+        """For reconciliation: ``accepted`` if the provider has ``key``, ``None`` if it
+        does not know it. Only called when ``capabilities.can_lookup_by_key``."""
+        raise NotImplementedError(f"{self.name} cannot look messages up by key")
+
+    async def open(self) -> None:
+        """Acquire connections; called once by the worker before the first send."""
+        return None
+
+    async def close(self) -> None:
+        """Release connections; called once when the worker stops."""
+        return None
