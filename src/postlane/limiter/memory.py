@@ -1,0 +1,82 @@
+"""The in-process limiter: for the embedded mode, where one process owns the account.
+
+State is two integers (theoretical arrival time and gate end) in nanoseconds of a monotonic
+clock, so spacing is exact and wall-clock jumps cannot open a burst. ``reserve`` never awaits
+while it holds the state, so it is atomic under asyncio; a lock makes it safe across threads too.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from postlane.limiter.base import RateLimiter, Reservation, check_gate_args, check_reserve_args
+
+_NS = 1_000_000_000
+
+
+class MemoryLimiter(RateLimiter):
+    """GCRA in one process. ``clock`` (seconds, monotonic) is injectable for tests."""
+
+    def __init__(
+        self,
+        *,
+        rate: float,
+        burst: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(rate=rate, burst=burst)
+        self._clock = clock
+        # Rounded up: a spacing a nanosecond too long costs nothing, one too short breaks the
+        # ceiling.
+        self._interval_ns = math.ceil(_NS / self.rate)
+        self._tau_ns = (self.burst - 1) * self._interval_ns
+        self._tat_ns: int | None = None
+        self._gate_ns: int | None = None
+        self._lock = threading.Lock()
+
+    def _now_ns(self) -> int:
+        return round(self._clock() * _NS)
+
+    async def reserve(self, n: int = 1, horizon_s: float = 1.0) -> Reservation:
+        check_reserve_args(n, horizon_s)
+        horizon_ns = round(horizon_s * _NS)
+        with self._lock:
+            now = self._now_ns()
+            if self._gate_ns is not None and self._gate_ns > now:
+                return Reservation([], (self._gate_ns - now) / _NS)
+            # A TAT in the past is an idle limiter: slots are never handed out in the past.
+            tat = now if self._tat_ns is None else max(self._tat_ns, now)
+            delays: list[float] = []
+            while len(delays) < n:
+                start = max(now, tat - self._tau_ns)
+                if start - now > horizon_ns:
+                    break
+                delays.append((start - now) / _NS)
+                tat += self._interval_ns
+            self._tat_ns = tat
+        if len(delays) == n:
+            return Reservation(delays, 0.0)
+        next_start = max(now, tat - self._tau_ns)
+        return Reservation(delays, (next_start - now - horizon_ns) / _NS)
+
+    async def close_gate(self, until_s_from_now: float) -> None:
+        check_gate_args(until_s_from_now)
+        with self._lock:
+            until = self._now_ns() + math.ceil(until_s_from_now * _NS)
+            if self._gate_ns is None or until > self._gate_ns:
+                self._gate_ns = until
+
+    async def gate_remaining_s(self) -> float:
+        with self._lock:
+            if self._gate_ns is None:
+                return 0.0
+            return max(0, self._gate_ns - self._now_ns()) / _NS
+
+    async def close(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"MemoryLimiter(rate={self.rate!r}, burst={self.burst!r})"
