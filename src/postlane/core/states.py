@@ -64,4 +64,6 @@ class DeadReason(StrEnum):
     PERMANENT = "permanent"
     BUDGET_EXHAUSTED = "budget_exhausted"
     HANDLER_ERROR = "handler_error"
+    EXPIRED = "expired"
+    """Not a failure to fix: the message outlived its usefulness (alerts route it apart)."""
     AMBIGUOUS_UNRESOLVED = "ambiguous_unresolved"

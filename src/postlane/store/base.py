@@ -202,7 +202,8 @@ class Store(abc.ABC):
     ) -> set[int]:
         """Apply outcomes in one transaction, each guarded by state, owner and claim number.
 
-        Returns the ids applied. A transition to ``dead`` also writes the dead-letter entry.
+        Returns the ids applied. A transition to ``dead`` or ``expired`` also writes the
+        dead-letter entry (reason ``expired`` is routed apart: there is nothing to fix).
         """
 
     @abc.abstractmethod
@@ -211,8 +212,10 @@ class Store(abc.ABC):
         state and claim number so two reconcilers cannot both act on one."""
 
     @abc.abstractmethod
-    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
-        """Ambiguous deliveries, oldest first, for reconciliation."""
+    async def list_ambiguous(
+        self, limit: int = 100, lanes: Sequence[str] | None = None
+    ) -> list[Delivery]:
+        """Ambiguous deliveries (of ``lanes``, default all), oldest first, for reconciliation."""
 
     @abc.abstractmethod
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...

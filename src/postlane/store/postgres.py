@@ -198,14 +198,14 @@ WITH t AS (
 ), dl AS (
     INSERT INTO postlane_dead_letters
         (delivery_id, reason, snapshot, last_response, attempt_history)
-    SELECT u.id, u.reason, u.snapshot, u.last_error,
+    SELECT u.id, COALESCE(u.reason, u.state), u.snapshot, u.last_error,
            COALESCE((SELECT jsonb_agg(e.data || jsonb_build_object('at', e.at) ORDER BY e.id)
                      FROM postlane_events e
                      WHERE e.delivery_id = u.id AND e.data ? 'outcome'), '[]'::jsonb)
            || CASE WHEN u.detail ? 'outcome'
                    THEN jsonb_build_array(u.detail || jsonb_build_object('at', now()))
                    ELSE '[]'::jsonb END
-    FROM u WHERE u.state = 'dead'
+    FROM u WHERE u.state IN ('dead', 'expired')
     ON CONFLICT (delivery_id) DO UPDATE SET
         reason = excluded.reason, snapshot = excluded.snapshot,
         last_response = excluded.last_response, attempt_history = excluded.attempt_history,
@@ -422,11 +422,16 @@ class PostgresStore(Store):
             cur = await conn.execute(sql, params)
             return {row[0] for row in await cur.fetchall()}
 
-    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
+    async def list_ambiguous(
+        self, limit: int = 100, lanes: Sequence[str] | None = None
+    ) -> list[Delivery]:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
-                "ORDER BY updated_at, id LIMIT %s", (limit,)
+                "AND (%s::text[] IS NULL OR lane = ANY(%s::text[])) "
+                "ORDER BY updated_at, id LIMIT %s",
+                (None if lanes is None else list(lanes), None if lanes is None else list(lanes),
+                 limit),
             )
             return [_delivery(row) for row in await cur.fetchall()]
 
@@ -444,7 +449,8 @@ class PostgresStore(Store):
             self._listener = asyncio.create_task(self._listen())
         if not self._wakeup.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wakeup.wait()
         self._wakeup.clear()
 
     async def _listen(self) -> None:
@@ -601,6 +607,9 @@ async def enqueue_many_on_connection(
                 await copy.write_row(_staging_row(i, message))
         await cur.execute(_INSERT_STAGED)
         created = {key: id_ for id_, key in await cur.fetchall()}
+        # ON COMMIT DROP only fires at the caller's commit: drop it now so a second batch
+        # in the same transaction can stage again.
+        await cur.execute("DROP TABLE postlane_staging")
         missing = list({m.key for m in messages if m.key not in created})
         existing: dict[str, int] = {}
         if missing:

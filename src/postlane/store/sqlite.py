@@ -301,11 +301,15 @@ class SQLiteStore(Store):
             return set()
         return await self._run(self._set_state_many, None, transitions)
 
-    async def list_ambiguous(self, limit: int = 100) -> list[Delivery]:
+    async def list_ambiguous(
+        self, limit: int = 100, lanes: Sequence[str] | None = None
+    ) -> list[Delivery]:
         def _list() -> list[Delivery]:
             rows = self.conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
-                "ORDER BY updated_at, id LIMIT ?", (limit,)
+                "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
+                "ORDER BY updated_at, id LIMIT :limit",
+                {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit},
             ).fetchall()
             return [_delivery(r) for r in rows]
         return await self._run(_list)
@@ -346,8 +350,8 @@ class SQLiteStore(Store):
                     continue
                 applied.add(t.id)
                 conn.execute(_INSERT_EVENT, (t.id, t.event, str(t.state), json.dumps(t.detail)))
-                if t.state == State.DEAD:
-                    self._write_dead_letter(conn, row, t.dead_reason or "unknown")
+                if t.state in (State.DEAD, State.EXPIRED):
+                    self._write_dead_letter(conn, row, t.dead_reason or str(t.state))
         return applied
 
     def _write_dead_letter(self, conn: sqlite3.Connection, row: Sequence[Any],
@@ -427,7 +431,8 @@ class SQLiteStore(Store):
             if left <= 0:
                 break
             try:
-                await asyncio.wait_for(self._wakeup.wait(), min(0.05, left))
+                async with asyncio.timeout(min(0.05, left)):
+                    await self._wakeup.wait()
             except TimeoutError:
                 if await self._run(_version) != start:
                     break

@@ -1,0 +1,175 @@
+"""The retry policy as pure decisions: outcome + delivery + lane + clock -> next state.
+
+No I/O and no hidden randomness: the clock and the random source are arguments, so every
+row of the seed texts' failure table is a unit test.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from postlane.core.lanes import LaneConfig
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.states import DeadReason, State
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    base_s: float = 1.0
+    cap_s: float = 300.0
+    throttle_default_s: float = 1.0
+    """Delay after a 429 that named no Retry-After (jittered like any backoff)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderTraits:
+    """What the policy needs to know of the provider (a subset of its capabilities)."""
+
+    deduplicates_by_key: bool = False
+    dedup_window: timedelta | None = None
+    can_lookup_by_key: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    state: State
+    event: str
+    spend_attempt: bool = True
+    delay_s: float | None = None
+    dead_reason: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def backoff_s(attempt: int, policy: RetryPolicy, rand: Callable[[], float]) -> float:
+    """Full jitter: ``uniform(0, min(cap, base * 2**attempt))``; ``rand`` returns [0, 1)."""
+    ceiling = min(policy.cap_s, policy.base_s * float(2 ** min(attempt, 60)))
+    return float(rand() * ceiling)
+
+
+def parse_retry_after(value: str | None, now: datetime) -> float | None:
+    """Retry-After as seconds from ``now``: delta-seconds or an HTTP date; None if unusable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        return max(0.0, (when - now).total_seconds())
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return None
+    return seconds
+
+
+def expire_if_useless(delivery: Delivery, now: datetime) -> Decision | None:
+    """Before a send: a message past its validity window is not sent at all."""
+    if delivery.expires_at is not None and now >= delivery.expires_at:
+        return Decision(State.EXPIRED, "expired", spend_attempt=False,
+                        dead_reason=DeadReason.EXPIRED,
+                        detail={"why": "past expires_at before sending"})
+    return None
+
+
+def decide(
+    delivery: Delivery,
+    outcome: Outcome,
+    lane: LaneConfig,
+    now: datetime,
+    *,
+    traits: ProviderTraits = ProviderTraits(),
+    policy: RetryPolicy = RetryPolicy(),
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """The next state of ``delivery`` after ``outcome``. ``delivery.attempts`` counts
+    attempts *before* this one."""
+    detail: dict[str, Any] = {"outcome": str(outcome.kind), "attempt": delivery.attempts + 1}
+    if outcome.response is not None:
+        detail["response"] = outcome.response[:500]
+    kind = outcome.kind
+
+    if kind is OutcomeClass.ACCEPTED:
+        return Decision(State.SENT, "sent", detail=detail)
+
+    if kind is OutcomeClass.PERMANENT:
+        return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.PERMANENT,
+                        detail=detail)
+
+    if kind is OutcomeClass.THROTTLED:
+        # Early is not failed: no attempt spent; the provider's Retry-After wins.
+        detail["attempt"] = delivery.attempts
+        delay = outcome.retry_after_s
+        if delay is None:
+            delay = backoff_s(1, RetryPolicy(policy.throttle_default_s, policy.cap_s), rand)
+        return _requeue(delivery, now, delay, "throttled", spend=False, detail=detail)
+
+    attempts_after = delivery.attempts + 1
+
+    if kind is OutcomeClass.AMBIGUOUS:
+        if traits.deduplicates_by_key and _within_dedup_window(delivery, now, traits):
+            return _retry(delivery, attempts_after, now, outcome, lane, policy, rand,
+                          "ambiguous_retry", detail)
+        if traits.can_lookup_by_key:
+            return Decision(State.AMBIGUOUS, "ambiguous", detail={**detail,
+                            "resolution": "reconcile by lookup"})
+        if lane.on_ambiguous == "resend":
+            return _retry(delivery, attempts_after, now, outcome, lane, policy, rand,
+                          "ambiguous_resend", detail)
+        return Decision(State.AMBIGUOUS, "ambiguous",
+                        detail={**detail, "resolution": "held for an operator"})
+
+    # TRANSIENT
+    return _retry(delivery, attempts_after, now, outcome, lane, policy, rand,
+                  "retry_scheduled", detail)
+
+
+def handler_error(delivery: Delivery, traceback_text: str) -> Decision:
+    """An exception inside the worker or adapter: a bug, not a provider answer."""
+    return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.HANDLER_ERROR,
+                    detail={"outcome": "handler_error", "attempt": delivery.attempts + 1,
+                            "traceback": traceback_text[-1500:]})
+
+
+def _retry(
+    delivery: Delivery, attempts_after: int, now: datetime, outcome: Outcome,
+    lane: LaneConfig, policy: RetryPolicy, rand: Callable[[], float], event: str,
+    detail: dict[str, Any],
+) -> Decision:
+    if attempts_after >= lane.max_attempts:
+        return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.BUDGET_EXHAUSTED,
+                        detail={**detail, "max_attempts": lane.max_attempts})
+    delay = outcome.retry_after_s
+    if delay is None:
+        delay = backoff_s(attempts_after, policy, rand)
+    return _requeue(delivery, now, delay, event, spend=True, detail=detail)
+
+
+def _requeue(
+    delivery: Delivery, now: datetime, delay: float, event: str, *, spend: bool,
+    detail: dict[str, Any],
+) -> Decision:
+    if delivery.expires_at is not None and now + timedelta(seconds=delay) >= delivery.expires_at:
+        return Decision(State.EXPIRED, "expired", spend_attempt=spend,
+                        dead_reason=DeadReason.EXPIRED,
+                        detail={**detail, "why": "the next attempt would land after expires_at",
+                                "delay_s": round(delay, 3)})
+    return Decision(State.PENDING, event, spend_attempt=spend, delay_s=delay,
+                    detail={**detail, "delay_s": round(delay, 3)})
+
+
+def _within_dedup_window(delivery: Delivery, now: datetime, traits: ProviderTraits) -> bool:
+    if traits.dedup_window is None:
+        return True
+    return now - delivery.created_at < traits.dedup_window

@@ -1,0 +1,136 @@
+"""The circuit breaker's I/O half: one shared record per provider account in the store.
+
+Closed (no record): claims as usual; each worker watches its own recent outcomes and opens
+the breaker for the whole fleet when failures look provider-wide. Open: nobody claims, so
+messages wait in ``pending`` with their attempts untouched. After the cool-down one worker
+wins a compare-and-set to ``half_open`` and sends a single probe; its outcome closes the
+breaker or re-opens it with a doubled cool-down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from postlane.core.breaker import (
+    CONTROL_PREFIX,
+    BreakerConfig,
+    BreakerRecord,
+    FailureWindow,
+    opened,
+    probing,
+)
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.policy import Decision
+from postlane.core.states import State
+from postlane.store.base import Control, Store
+
+log = logging.getLogger("postlane.breaker")
+
+
+class FleetBreaker:
+    def __init__(self, store: Store, account: str, owner: str, config: BreakerConfig,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.name = CONTROL_PREFIX + account
+        self.owner = owner
+        self.config = config
+        self.clock = clock
+        self.window = FailureWindow(config)
+        self.control: Control | None = None
+        self._probe_token = False
+        self._probe_id: int | None = None
+
+    @property
+    def record(self) -> BreakerRecord | None:
+        return BreakerRecord.from_json(self.control.value) if self.control else None
+
+    @property
+    def state(self) -> str:
+        record = self.record
+        return record.state if record else "closed"
+
+    async def refresh(self, control: Control | None) -> None:
+        self.control = control
+
+    async def _reload(self) -> None:
+        self.control = (await self.store.get_controls()).get(self.name)
+
+    async def may_claim(self) -> tuple[bool, bool]:
+        """(may claim, as the probe: claim exactly one)."""
+        record = self.record
+        if record is None:
+            return True, False
+        now = self.clock()
+        if record.state == "open":
+            if now < record.until:
+                return False, False
+            assert self.control is not None
+            won = await self.store.compare_and_set_control(
+                self.name, self.control.version,
+                probing(record, now, self.owner, self.config).as_json(),
+            )
+            await self._reload()
+            if won:
+                log.warning("breaker %s half-open: %s sends one probe", self.name, self.owner)
+                return True, True
+            return False, False
+        if record.probe_owner == self.owner and self._probe_token:
+            self._probe_token = False
+            return True, True
+        if now > record.until and self._probe_id is None:
+            # The prober vanished; re-open so someone probes again after a cool-down.
+            assert self.control is not None
+            await self.store.compare_and_set_control(
+                self.name, self.control.version,
+                opened(now, self.config, "probe abandoned", record).as_json(),
+            )
+            await self._reload()
+        return False, False
+
+    def probe_claimed(self, batch: Sequence[Delivery]) -> None:
+        if batch:
+            self._probe_id = batch[0].id
+        else:
+            self._probe_token = True  # this lane had nothing; let another lane probe
+
+    async def observe(self, outcome: Outcome, decision: Decision,
+                      delivery_id: int | None = None) -> None:
+        failed = (outcome.kind in (OutcomeClass.TRANSIENT, OutcomeClass.AMBIGUOUS)
+                  or decision.state is State.DEAD)
+        now = self.clock()
+        if delivery_id is not None and delivery_id == self._probe_id:
+            self._probe_id = None
+            await self._probe_finished(now, failed)
+            return
+        if self.control is not None:
+            return  # already open or probing: outcomes of stragglers do not count
+        self.window.record(now, failed)
+        if self.window.should_open(now):
+            reason = f"{self.config.min_failures}+ failures within {self.config.window_s:g}s"
+            if await self.store.compare_and_set_control(
+                self.name, None, opened(now, self.config, reason).as_json()
+            ):
+                log.error("ALERT breaker %s opened: %s; claims stop", self.name, reason)
+            self.window.clear()
+            await self._reload()
+
+    async def _probe_finished(self, now: float, failed: bool) -> None:
+        await self._reload()
+        record = self.record
+        if record is None or self.control is None:
+            return
+        if failed:
+            await self.store.compare_and_set_control(
+                self.name, self.control.version,
+                opened(now, self.config, "probe failed", record).as_json(),
+            )
+            log.warning("breaker %s probe failed; open again for %.0fs", self.name,
+                        min(self.config.max_cooldown_s, record.cooldown_s * 2))
+        else:
+            await self.store.set_control(self.name, None)
+            self.window.clear()
+            log.warning("breaker %s closed: probe succeeded", self.name)
+        await self._reload()

@@ -1,0 +1,464 @@
+"""The dispatch worker: claims deliveries per lane, sends them within the global limit,
+and reports every outcome back to the store, guarded by its lease.
+
+One ``Worker`` runs these asyncio tasks:
+
+- a *lane loop* per lane: claims batches while the lane has slots (its floor, or idle
+  slots lent by another lane), then dispatches them;
+- the *waker*: waits on the store's enqueue signal (LISTEN/NOTIFY on PostgreSQL) and
+  wakes idle lanes;
+- the *acker*: writes outcomes in batches, one statement per flush;
+- the *lease keeper*: renews the leases of everything held, so slow sends keep their claim;
+- the *caretaker*: rescues expired leases, reconciles ambiguous deliveries, reads the
+  fleet's controls (pauses, breaker), and in ``drain`` mode notices when all is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from postlane.core.breaker import BreakerConfig
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.policy import (
+    Decision,
+    ProviderTraits,
+    RetryPolicy,
+    decide,
+    expire_if_useless,
+    handler_error,
+)
+from postlane.core.states import DeadReason, State
+from postlane.core.validation import redact_address
+from postlane.limiter.base import RateLimiter
+from postlane.providers.base import Provider
+from postlane.store.base import Claim, Store, Transition
+from postlane.worker.breaker import FleetBreaker
+from postlane.worker.controls import FleetControls
+
+log = logging.getLogger("postlane.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    concurrency: int = 20
+    lanes: tuple[LaneConfig, ...] = DEFAULT_LANES
+    batch_size: int = 100
+    lease: timedelta = timedelta(seconds=30)
+    attempt_timeout_s: float = 10.0
+    poll_interval_s: float = 1.0
+    grace_s: float = 10.0
+    rescue_interval_s: float = 2.0
+    controls_interval_s: float = 0.5
+    ack_interval_s: float = 0.005
+    limiter_horizon_s: float = 0.25
+    drain: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+
+
+def make_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        provider: Provider,
+        *,
+        limiter: RateLimiter | None = None,
+        config: WorkerConfig = WorkerConfig(),
+        rand: Callable[[], float] = random.random,
+        owner: str | None = None,
+    ) -> None:
+        check_lanes(config.lanes)
+        self.store = store
+        self.provider = provider
+        self.limiter = limiter
+        self.config = config
+        self.rand = rand
+        self.owner = owner or make_owner()
+        self.lanes = {lane.name: lane for lane in config.lanes}
+        self.floors = slot_floors(config.lanes, config.concurrency)
+        caps = provider.capabilities
+        self.traits = ProviderTraits(caps.deduplicates_by_key, caps.dedup_window,
+                                     caps.can_lookup_by_key)
+        self.controls = FleetControls(store)
+        self.breaker = FleetBreaker(store, provider.account, self.owner, config.breaker)
+        self.counters: Counter[str] = Counter()
+
+        self._in_flight: Counter[str] = Counter()
+        self._wanting: dict[str, bool] = {name: True for name in self.lanes}
+        self._held: dict[int, Claim] = {}
+        self._acks: list[Transition] = []
+        self._ack_wakeup = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._lane_wakeup = {name: asyncio.Event() for name in self.lanes}
+        self._send_tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._shutting_down = False
+        self._done = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Begin a graceful stop: no new claims; in-flight sends get ``grace_s`` to finish."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        await self.provider.open()
+        await self.controls.refresh()
+        log.info("worker %s started: lanes %s, concurrency %d, provider %s", self.owner,
+                 self.floors, self.config.concurrency, self.provider.name)
+        background = [
+            asyncio.create_task(self._waker(), name="waker"),
+            asyncio.create_task(self._acker(), name="acker"),
+            asyncio.create_task(self._lease_keeper(), name="lease-keeper"),
+            asyncio.create_task(self._caretaker(), name="caretaker"),
+        ]
+        lanes = [asyncio.create_task(self._lane_loop(name), name=f"lane-{name}")
+                 for name in self.lanes]
+        try:
+            stop = asyncio.create_task(self._stopping.wait())
+            done = asyncio.create_task(self._done.wait())
+            failed = asyncio.create_task(_first_failure(background + lanes))
+            await asyncio.wait({stop, done, failed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (stop, done, failed):
+                task.cancel()
+            if failed.done() and not failed.cancelled() and failed.exception():
+                raise failed.exception()  # type: ignore[misc]
+        finally:
+            self._stopping.set()
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+            await self._finish_in_flight()
+            self._ack_wakeup.set()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._flush_acks()
+            await self.provider.close()
+            log.info("worker %s stopped: %s", self.owner, dict(self.counters))
+
+    async def _finish_in_flight(self) -> None:
+        if self._send_tasks:
+            _, pending = await asyncio.wait(set(self._send_tasks), timeout=self.config.grace_s)
+            if pending:
+                self._shutting_down = True
+                log.warning("grace period over: cancelling %d in-flight sends", len(pending))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    # -- claiming --------------------------------------------------------------------------
+    def _capacity(self, lane: str) -> int:
+        """How many more sends ``lane`` may start now (its floor, then borrowed idle slots)."""
+        in_flight = Counter(self._in_flight)
+        count = 0
+        while count < self.config.batch_size and may_start(lane, in_flight, self.floors,
+                                                           self._wanting):
+            in_flight[lane] += 1
+            count += 1
+        return count
+
+    async def _lane_loop(self, lane: str) -> None:
+        wakeup = self._lane_wakeup[lane]
+        while not self._stopping.is_set():
+            allowed, probe = await self._may_claim(lane)
+            if not allowed:
+                wakeup.clear()
+                await _wait(wakeup, self.config.controls_interval_s)
+                continue
+            capacity = 1 if probe else self._capacity(lane)
+            if capacity <= 0:
+                self._slot_freed.clear()
+                await _wait(self._slot_freed, self.config.poll_interval_s)
+                continue
+            wakeup.clear()
+            batch = await self.store.claim_batch(
+                lane, capacity, self.owner, self.config.lease,
+                exclude_imports=self.controls.paused_imports,
+            )
+            if probe:
+                self.breaker.probe_claimed(batch)
+            self._wanting[lane] = len(batch) >= capacity
+            if not batch:
+                await _wait(wakeup, self.config.poll_interval_s)
+                continue
+            self.counters["claimed"] += len(batch)
+            self._in_flight[lane] += len(batch)
+            for delivery in batch:
+                self._held[delivery.id] = Claim(delivery.id, delivery.claims)
+            task = asyncio.create_task(self._dispatch(lane, batch))
+            self._send_tasks.add(task)
+            task.add_done_callback(self._send_tasks.discard)
+
+    async def _may_claim(self, lane: str) -> tuple[bool, bool]:
+        """(may claim, as the breaker's probe). Pauses and the breaker are fleet-wide."""
+        if self.controls.lane_paused(lane):
+            return False, False
+        return await self.breaker.may_claim()
+
+    # -- sending ---------------------------------------------------------------------------
+    async def _dispatch(self, lane: str, batch: list[Delivery]) -> None:
+        config = self.lanes[lane]
+        now = datetime.now(UTC)
+        to_send = []
+        for delivery in batch:
+            expired = expire_if_useless(delivery, now)
+            if expired is not None:
+                self._report(delivery, expired, release=True)
+            else:
+                to_send.append(delivery)
+        while to_send:
+            if self._shutting_down:
+                for delivery in to_send:
+                    self._release(delivery, "released at shutdown")
+                return
+            delays = await self._reserve_slots(len(to_send))
+            if delays is None:  # the gate is closed for long: give them back, unspent
+                retry_in = await self._gate_remaining()
+                for delivery in to_send:
+                    self._release(delivery, "rate limit gate closed", delay_s=retry_in,
+                                  event="throttled")
+                return
+            group, to_send = to_send[:len(delays)], to_send[len(delays):]
+            started = await self.store.start_attempts(
+                self.owner, [Claim(d.id, d.claims) for d in group]
+            )
+            sends = []
+            for delivery, delay in zip(group, delays, strict=True):
+                if delivery.id not in started:
+                    self._lost(delivery, "lease lost before the attempt started")
+                    continue
+                sends.append(self._send_one(config, delivery, delay))
+            await asyncio.gather(*sends)
+
+    async def _reserve_slots(self, n: int) -> list[float] | None:
+        """Send slots for up to ``n`` deliveries; None when the gate stays shut for long."""
+        if self.limiter is None:
+            return [0.0] * n
+        while True:
+            reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
+            if reservation.delays_s:
+                return reservation.delays_s
+            if reservation.retry_in_s > 2.0:
+                return None
+            self.counters["limiter_waits"] += 1
+            await asyncio.sleep(reservation.retry_in_s)
+
+    async def _gate_remaining(self) -> float:
+        return await self.limiter.gate_remaining_s() if self.limiter else 0.0
+
+    async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.config.attempt_timeout_s):
+                outcome = await self.provider.send(delivery)
+        except TimeoutError:
+            outcome = Outcome.ambiguous(
+                f"no answer within {self.config.attempt_timeout_s:g}s after the request left"
+            )
+        except asyncio.CancelledError:
+            if not self._shutting_down:
+                raise
+            outcome = Outcome.ambiguous("cancelled at shutdown while in flight")
+        except Exception:
+            decision = handler_error(delivery, traceback.format_exc())
+            self._report(delivery, decision, release=True)
+            return
+        duration_ms = round((time.perf_counter() - started) * 1000, 2)
+        decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,
+                          policy=self.config.retry, rand=self.rand)
+        decision.detail["duration_ms"] = duration_ms
+        self.counters[f"outcome:{outcome.kind}"] += 1
+        if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
+            await self.limiter.close_gate(outcome.retry_after_s)
+        await self.breaker.observe(outcome, decision, delivery.id)
+        self._report(delivery, decision, release=True,
+                     provider_message_id=outcome.provider_message_id, error=outcome.response)
+
+    # -- reporting -------------------------------------------------------------------------
+    def _report(
+        self, delivery: Delivery, decision: Decision, *, release: bool,
+        provider_message_id: str | None = None, error: str | None = None,
+    ) -> None:
+        if decision.state in (State.DEAD, State.EXPIRED):
+            reason = decision.dead_reason or str(decision.state)
+            self.counters[f"dead:{reason}"] += 1
+            level = logging.WARNING if reason == DeadReason.EXPIRED else logging.ERROR
+            log.log(level, "ALERT dead letter: delivery %d (%s, lane %s, to %s) reason=%s",
+                    delivery.id, delivery.key, delivery.lane,
+                    redact_address(delivery.recipient), reason)
+        elif decision.state is State.AMBIGUOUS:
+            self.counters["ambiguous"] += 1
+            log.warning("delivery %d is ambiguous (%s)", delivery.id,
+                        decision.detail.get("resolution", ""))
+        if error is None and decision.state is not State.SENT:
+            error = decision.detail.get("why") or decision.detail.get("traceback")
+        self._acks.append(Transition(
+            id=delivery.id, claims=delivery.claims, state=decision.state, event=decision.event,
+            delay_s=decision.delay_s, spend_attempt=decision.spend_attempt, error=error,
+            provider_message_id=provider_message_id, dead_reason=decision.dead_reason,
+            detail=decision.detail,
+        ))
+        if len(self._acks) >= self.config.batch_size:
+            self._ack_wakeup.set()
+        if release:
+            self._release_slot(delivery)
+
+    def _release(self, delivery: Delivery, why: str, *, delay_s: float = 0.0,
+                 event: str = "released") -> None:
+        """Give a claimed, never-attempted delivery back: no attempt spent."""
+        self._report(delivery, Decision(State.PENDING, event, spend_attempt=False,
+                                        delay_s=delay_s, detail={"why": why}), release=True)
+
+    def _lost(self, delivery: Delivery, why: str) -> None:
+        self.counters["lease_lost"] += 1
+        log.warning("delivery %d: %s", delivery.id, why)
+        self._release_slot(delivery)
+
+    def _release_slot(self, delivery: Delivery) -> None:
+        self._held.pop(delivery.id, None)
+        self._in_flight[delivery.lane] -= 1
+        self._slot_freed.set()
+
+    async def _acker(self) -> None:
+        while True:
+            await _wait(self._ack_wakeup, self.config.ack_interval_s)
+            self._ack_wakeup.clear()
+            await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        if not self._acks:
+            return
+        batch, self._acks = self._acks, []
+        applied = await self.store.set_state_if_sending_many(self.owner, batch)
+        for transition in batch:
+            if transition.id not in applied:
+                self.counters["lease_lost"] += 1
+                log.warning("delivery %d: outcome %s dropped, the lease was taken over",
+                            transition.id, transition.event)
+            else:
+                self.counters[f"state:{transition.state}"] += 1
+
+    # -- background ------------------------------------------------------------------------
+    async def _waker(self) -> None:
+        while True:
+            await self.store.wait_for_work(self.config.poll_interval_s)
+            for event in self._lane_wakeup.values():
+                event.set()
+
+    async def _lease_keeper(self) -> None:
+        interval = self.config.lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(interval)
+            held = list(self._held.values())
+            if held:
+                kept = await self.store.renew_leases(self.owner, held, self.config.lease)
+                lost = len(held) - len(kept)
+                if lost:
+                    self.counters["lease_lost"] += lost
+
+    async def _caretaker(self) -> None:
+        last_rescue = 0.0
+        while True:
+            await self.controls.refresh()
+            await self.breaker.refresh(self.controls.breaker(self.provider.account))
+            if time.monotonic() - last_rescue >= self.config.rescue_interval_s:
+                last_rescue = time.monotonic()
+                rescued = await self.store.rescue_expired_leases()
+                if rescued.requeued or rescued.ambiguous:
+                    log.warning("rescued expired leases: %d requeued, %d ambiguous",
+                                len(rescued.requeued), len(rescued.ambiguous))
+                    for event in self._lane_wakeup.values():
+                        event.set()
+                await self.reconcile_ambiguous()
+            if self.config.drain and await self._drained():
+                self._done.set()
+                return
+            await asyncio.sleep(self.config.controls_interval_s)
+
+    async def _drained(self) -> bool:
+        if self._send_tasks or self._held or self._acks:
+            return False
+        states = (await self.store.stats()).states
+        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
+
+    async def reconcile_ambiguous(self) -> int:
+        """Resolve ambiguous deliveries where the provider or the lane allows it."""
+        lanes = [name for name, lane in self.lanes.items()
+                 if self.traits.deduplicates_by_key or self.traits.can_lookup_by_key
+                 or lane.on_ambiguous == "resend"]
+        if not lanes:
+            return 0
+        resolved = []
+        now = datetime.now(UTC)
+        for delivery in await self.store.list_ambiguous(100, lanes=lanes):
+            lane = self.lanes.get(delivery.lane)
+            if lane is None:
+                continue
+            transition = await self._resolution(delivery, lane, now)
+            if transition is not None:
+                resolved.append(transition)
+        applied = await self.store.set_state_if_ambiguous_many(resolved)
+        if applied:
+            log.info("reconciled %d ambiguous deliveries", len(applied))
+            for event in self._lane_wakeup.values():
+                event.set()
+        return len(applied)
+
+    async def _resolution(self, delivery: Delivery, lane: LaneConfig,
+                          now: datetime) -> Transition | None:
+        def to(state: State, event: str, why: str, **extra: object) -> Transition:
+            return Transition(delivery.id, delivery.claims, state, event, delay_s=0.0,
+                              spend_attempt=False, detail={"resolution": why},
+                              **extra)  # type: ignore[arg-type]
+
+        if self.traits.can_lookup_by_key:
+            found = await self.provider.lookup(delivery.key)
+            if found is not None and found.kind is OutcomeClass.ACCEPTED:
+                return to(State.SENT, "reconciled", "the provider has it",
+                          provider_message_id=found.provider_message_id)
+            why = "the provider does not have it"
+        elif self.traits.deduplicates_by_key:
+            why = "retry with the same key; the provider deduplicates"
+        else:
+            why = "lane policy is resend: a duplicate is accepted"
+        if delivery.expires_at is not None and now >= delivery.expires_at:
+            return to(State.EXPIRED, "expired", why, dead_reason=DeadReason.EXPIRED)
+        if delivery.attempts >= lane.max_attempts:
+            return to(State.DEAD, "dead_lettered", why, dead_reason=DeadReason.BUDGET_EXHAUSTED)
+        return to(State.PENDING, "reconciled", why)
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+async def _first_failure(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Return when any task fails (re-raising its error); tasks are not meant to end."""
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    await asyncio.Event().wait()
