@@ -31,25 +31,26 @@ class FailureWindow:
     def __init__(self, config: BreakerConfig) -> None:
         self.config = config
         self._events: deque[tuple[float, bool]] = deque()
+        self._failures = 0  # running count, so a decision is O(1) at thousands of sends/s
 
     def record(self, now: float, failed: bool) -> None:
         self._events.append((now, failed))
+        self._failures += failed
         self._trim(now)
 
     def should_open(self, now: float) -> bool:
         self._trim(now)
-        total = len(self._events)
-        failures = sum(1 for _, failed in self._events if failed)
-        enough = failures >= self.config.min_failures
-        return enough and failures >= self.config.failure_ratio * total
+        enough = self._failures >= self.config.min_failures
+        return enough and self._failures >= self.config.failure_ratio * len(self._events)
 
     def clear(self) -> None:
         self._events.clear()
+        self._failures = 0
 
     def _trim(self, now: float) -> None:
         horizon = now - self.config.window_s
         while self._events and self._events[0][0] < horizon:
-            self._events.popleft()
+            self._failures -= self._events.popleft()[1]
 
 
 @dataclass(frozen=True, slots=True)

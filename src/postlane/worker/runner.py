@@ -54,7 +54,7 @@ log = logging.getLogger("postlane.worker")
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    concurrency: int = 20
+    concurrency: int = 100
     lanes: tuple[LaneConfig, ...] = DEFAULT_LANES
     batch_size: int = 100
     lease: timedelta = timedelta(seconds=30)
