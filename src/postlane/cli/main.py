@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tomllib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
 from postlane.core.durations import parse_duration
 from postlane.core.message import Delivery, Message
 from postlane.errors import PostlaneError
 from postlane.store import DATABASE_URL_ENV, Store, database_url, open_store
 from postlane.store.migrations import ensure_migrated
+from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
 T = TypeVar("T")
 
@@ -43,8 +47,49 @@ def _global(
         "--db", envvar=DATABASE_URL_ENV, show_envvar=True,
         help="Database URL: sqlite:///path.db or postgresql://... "
              "[default: sqlite:///postlane.db]")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", envvar="POSTLANE_CONFIG", show_envvar=True,
+        help="TOML file of defaults: top-level `db`, and a table per command "
+             "([worker] rate = \"200/s\"). [default: ./postlane.toml if present]")] = None,
 ) -> None:
-    ctx.obj = Context(database_url(db))
+    settings = load_config(config)
+    ctx.default_map = {k: v for k, v in settings.items() if isinstance(v, dict)}
+    ctx.obj = Context(database_url(db or settings.get("db")))
+
+
+def load_config(path: Path | None) -> dict[str, Any]:
+    """Read the TOML configuration; command-line options and the environment win over it."""
+    if path is None:
+        path = Path("postlane.toml")
+        if not path.exists():
+            return {}
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise typer.BadParameter(f"configuration file {path} does not exist",
+                                 param_hint="--config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint="--config") from None
+    # Option names may be written as in the CLI (batch-size) or as Python (batch_size).
+    return {
+        key: ({k.replace("-", "_"): v for k, v in value.items()}
+              if isinstance(value, dict) else value)
+        for key, value in data.items()
+    }
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    """Run ``coro``; a Postlane error becomes a one-line message and exit status 1."""
+
+    async def _await() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(_await())
+    except PostlaneError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 def run_with_store(
@@ -58,11 +103,7 @@ def run_with_store(
                 ensure_migrated(await store.pending_migrations())
             return await action(store)
 
-    try:
-        return asyncio.run(_run())
-    except PostlaneError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+    return run_async(_run())
 
 
 @app.command()
@@ -124,7 +165,15 @@ def status(
     """The four numbers: depth and oldest age per lane, states, attempts, dead letters."""
 
     async def _stats(store: Store) -> dict[str, Any]:
-        return (await store.stats()).as_json()
+        stats = (await store.stats()).as_json()
+        controls = await store.get_controls()
+        stats["paused_lanes"] = sorted(n.removeprefix(LANE_PAUSE) for n in controls
+                                       if n.startswith(LANE_PAUSE))
+        stats["paused_imports"] = sorted(n.removeprefix(IMPORT_PAUSE) for n in controls
+                                         if n.startswith(IMPORT_PAUSE))
+        stats["breakers"] = {n.removeprefix(BREAKER_PREFIX): c.value for n, c in controls.items()
+                             if n.startswith(BREAKER_PREFIX)}
+        return stats
 
     stats = run_with_store(ctx, _stats)
     if as_json:
@@ -142,6 +191,11 @@ def status(
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
+    if stats["paused_lanes"] or stats["paused_imports"]:
+        console.print(f"[yellow]paused:[/yellow] lanes {stats['paused_lanes']} "
+                      f"imports {stats['paused_imports']}")
+    for account, record in stats["breakers"].items():
+        console.print(f"[red]breaker {account}: {record['state']}[/red] ({record['reason']})")
 
 
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
@@ -159,6 +213,39 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
         "provider_message_id": delivery.provider_message_id,
         "dead_reason": delivery.dead_reason, "last_error": delivery.last_error,
     }
+
+
+@app.command()
+def prune(
+    ctx: typer.Context,
+    finished_older_than: Annotated[str, typer.Option(
+        help="Delete sent, expired and cancelled deliveries finished longer ago.")] = "7d",
+    dead_older_than: Annotated[str, typer.Option(
+        help="Delete dead letters older than this (long enough to survive a weekend).")
+    ] = "7d",
+) -> None:
+    """Retention: delete finished deliveries and their timeline, keeping the hot table small."""
+    try:
+        finished = parse_duration(finished_older_than)
+        dead = parse_duration(dead_older_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def _prune(store: Store) -> int:
+        return await store.prune(finished, dead)
+
+    console.print(f"pruned {run_with_store(ctx, _prune)} deliveries")
+
+
+def _register() -> None:
+    from postlane.cli import worker as worker_cli
+
+    app.command()(worker_cli.worker)
+    app.command()(worker_cli.pause)
+    app.command()(worker_cli.resume)
+
+
+_register()
 
 
 def main() -> None:

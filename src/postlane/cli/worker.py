@@ -1,0 +1,176 @@
+"""``postlane worker``, ``pause``, ``resume``: the dispatch side of the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+
+from postlane.core.durations import parse_duration
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
+from postlane.errors import ConfigurationError
+from postlane.limiter import open_limiter
+from postlane.providers.registry import open_provider
+from postlane.store import Store, open_store
+from postlane.store.migrations import ensure_migrated
+from postlane.worker import Worker, WorkerConfig
+from postlane.worker.controls import pause_lane, resume_lane
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h))?\s*$")
+_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_rate(text: str) -> float:
+    """``200/s``, ``12000/m``, ``200`` -> sends per second."""
+    match = _RATE.match(text)
+    if not match or float(match[1]) <= 0:
+        raise ConfigurationError(f"not a rate: {text!r} (expected e.g. 200/s or 12000/m)")
+    return float(match[1]) / _PER[match[2]]
+
+
+def _lanes(text: str | None) -> tuple[LaneConfig, ...]:
+    return tuple(parse_lane_shares(text)) if text else DEFAULT_LANES
+
+
+def worker(
+    ctx: typer.Context,
+    provider: Annotated[str, typer.Option(
+        envvar="POSTLANE_PROVIDER", show_envvar=True,
+        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://... "
+             "Secrets belong in the environment, not on the command line.")],
+    rate: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RATE", show_envvar=True,
+        help="The provider account's ceiling, e.g. 200/s. Unset: no limit.")] = None,
+    burst: Annotated[int, typer.Option(envvar="POSTLANE_BURST", show_envvar=True,
+                                       help="Sends allowed back to back.")] = 1,
+    headroom: Annotated[float, typer.Option(
+        envvar="POSTLANE_HEADROOM", show_envvar=True,
+        help="Fraction kept below the ceiling for jitter at the provider.")] = 0.02,
+    limiter: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LIMITER", show_envvar=True,
+        help="redis://host:6379/0 to share the ceiling across processes and hosts; "
+             "default: in-process.")] = None,
+    concurrency: Annotated[int, typer.Option(
+        envvar="POSTLANE_CONCURRENCY", show_envvar=True,
+        help="Sends in flight at once, shared by the lanes.")] = 100,
+    lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LANES", show_envvar=True,
+        help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
+    batch_size: Annotated[int, typer.Option(envvar="POSTLANE_BATCH_SIZE", show_envvar=True,
+                                            help="Most deliveries per claim.")] = 100,
+    lease: Annotated[str, typer.Option(envvar="POSTLANE_LEASE", show_envvar=True,
+                                       help="Lease per claim, renewed while sending.")] = "30s",
+    attempt_timeout: Annotated[str, typer.Option(
+        envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
+        help="Longest wait for the provider's answer; past it the attempt is ambiguous.")
+    ] = "10s",
+    grace: Annotated[str, typer.Option(
+        envvar="POSTLANE_GRACE", show_envvar=True,
+        help="On SIGTERM, how long in-flight sends may finish.")] = "10s",
+    drain: Annotated[bool, typer.Option(
+        help="Exit once nothing is pending or in flight.")] = False,
+    log_level: Annotated[str, typer.Option(envvar="POSTLANE_LOG_LEVEL",
+                                           help="DEBUG, INFO, WARNING...")] = "INFO",
+) -> None:
+    """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = WorkerConfig(
+            concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
+            lease=_duration(lease, "--lease"),
+            attempt_timeout_s=_duration(attempt_timeout, "--attempt-timeout").total_seconds(),
+            grace_s=_duration(grace, "--grace").total_seconds(), drain=drain,
+        )
+        ceiling = parse_rate(rate) if rate else None
+        provider_obj = open_provider(provider)
+        limiter_obj = None
+        if ceiling is not None:
+            if not 0 <= headroom < 0.5:
+                raise ConfigurationError("--headroom must be in [0, 0.5)")
+            limiter_obj = open_limiter(limiter, rate=ceiling * (1 - headroom), burst=burst,
+                                       account=provider_obj.account)
+        elif limiter:
+            raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def _run() -> None:
+        async with open_store(ctx.obj.db) as store:
+            ensure_migrated(await store.pending_migrations())
+            instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, instance.stop)
+            try:
+                await instance.run()
+            finally:
+                if limiter_obj is not None:
+                    await limiter_obj.close()
+
+    from postlane.cli.main import run_async
+
+    run_async(_run())
+
+
+def pause(
+    ctx: typer.Context,
+    lane: Annotated[str, typer.Argument(help="The lane to pause.")],
+    lanes: Annotated[str | None, typer.Option(envvar="POSTLANE_LANES",
+                                              help="Configured lane shares.")] = None,
+) -> None:
+    """Stop claims of LANE on every worker within a second; nothing is deleted."""
+    _check_lane(lane, lanes)
+
+    async def _pause(store: Store) -> None:
+        await pause_lane(store, lane)
+
+    from postlane.cli.main import console, run_with_store
+
+    run_with_store(ctx, _pause)
+    console.print(f"lane {lane} paused: workers stop claiming it within a second")
+
+
+def resume(
+    ctx: typer.Context,
+    lane: Annotated[str, typer.Argument(help="The lane to resume.")],
+    lanes: Annotated[str | None, typer.Option(envvar="POSTLANE_LANES",
+                                              help="Configured lane shares.")] = None,
+) -> None:
+    """Let workers claim LANE again."""
+    _check_lane(lane, lanes)
+
+    async def _resume(store: Store) -> None:
+        await resume_lane(store, lane)
+
+    from postlane.cli.main import console, run_with_store
+
+    run_with_store(ctx, _resume)
+    console.print(f"lane {lane} resumed")
+
+
+def _check_lane(lane: str, lanes: str | None) -> None:
+    try:
+        names = [config.name for config in _lanes(lanes)]
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if lane not in names:
+        raise typer.BadParameter(f"unknown lane {lane!r} (configured: {', '.join(names)})")
+
+
+def _duration(text: str, option: str) -> timedelta:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+    if value.total_seconds() <= 0:
+        raise typer.BadParameter("must be positive", param_hint=option)
+    return value
+
+
+__all__ = ["open_store", "parse_rate", "pause", "resume", "worker"]
