@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tomllib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -36,8 +37,10 @@ err_console = Console(stderr=True)
 
 
 class Context:
-    def __init__(self, db: str) -> None:
+    def __init__(self, db: str, *, db_explicit: bool) -> None:
         self.db = db
+        self.db_explicit = db_explicit
+        """Whether --db, the environment or the config file named a database."""
 
 
 @app.callback()
@@ -54,7 +57,8 @@ def _global(
 ) -> None:
     settings = load_config(config)
     ctx.default_map = {k: v for k, v in settings.items() if isinstance(v, dict)}
-    ctx.obj = Context(database_url(db or settings.get("db")))
+    explicit = db or settings.get("db") or os.environ.get(DATABASE_URL_ENV)
+    ctx.obj = Context(database_url(explicit), db_explicit=bool(explicit))
 
 
 def load_config(path: Path | None) -> dict[str, Any]:
@@ -238,8 +242,10 @@ def prune(
 
 
 def _register() -> None:
+    from postlane.cli import demo as demo_cli
     from postlane.cli import worker as worker_cli
 
+    app.command()(demo_cli.demo)
     app.command()(worker_cli.worker)
     app.command()(worker_cli.pause)
     app.command()(worker_cli.resume)

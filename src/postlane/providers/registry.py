@@ -17,6 +17,10 @@ def open_provider(url: str) -> Provider:
         from postlane.providers.testing import NoopProvider
 
         return NoopProvider()
+    if parts.scheme == "sandbox":
+        from postlane.providers.sandbox import SandboxConfig, SandboxProvider
+
+        return SandboxProvider(SandboxConfig.from_query(parts.query))
     if parts.scheme == "record":
         from postlane.providers.testing import RecordFileProvider
 
@@ -29,5 +33,5 @@ def open_provider(url: str) -> Provider:
             hang_key=query.get("hang_key"),
         )
     raise ConfigurationError(
-        f"unknown provider URL {redact_url(url)!r} (supported: noop://, record:///path.db)"
+        f"unknown provider URL {redact_url(url)!r} (supported: noop://, sandbox://, record:///path.db)"
     )

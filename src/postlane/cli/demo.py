@@ -1,0 +1,54 @@
+"""``postlane demo``: the README's first command."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from postlane.cli.main import console, run_async
+from postlane.demo import DemoPlan, default_sandbox, print_summary, run_demo
+from postlane.errors import ConfigurationError
+from postlane.providers.registry import open_provider
+from postlane.store import open_store
+
+
+def demo(
+    ctx: typer.Context,
+    provider: Annotated[str | None, typer.Option(
+        help="Provider URL instead of the built-in faulty sandbox (e.g. smtp://127.0.0.1:25).")
+    ] = None,
+    bulk: Annotated[int, typer.Option(help="Messages in the digest burst.")] = 10_000,
+    interactive: Annotated[int, typer.Option(help="Resets and codes sent during it.")] = 60,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the summary as one JSON object on the last line.")] = False,
+) -> None:
+    """Run the whole pipeline on a throwaway SQLite database (or --db) and show it working."""
+    db = ctx.obj.db if ctx.obj.db_explicit else None
+    if db is None:
+        folder = Path(tempfile.mkdtemp(prefix="postlane-demo-"))
+        db = f"sqlite:///{folder / 'demo.db'}"
+    plan = DemoPlan(bulk=bulk, interactive=interactive)
+    try:
+        chosen = open_provider(provider) if provider else default_sandbox(plan)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--provider") from None
+    console.print(f"database: {db}\nprovider: {chosen.name}; ceiling {plan.ceiling:g}/s; "
+                  f"{bulk} bulk digests, {interactive} interactive messages arriving during them")
+
+    async def _run() -> object:
+        async with open_store(db) as store:
+            return await run_demo(store, chosen, plan, console, live=not as_json)
+
+    result = run_async(_run())
+    from postlane.demo import DemoResult
+
+    assert isinstance(result, DemoResult)
+    print_summary(result, console, db)
+    if as_json:
+        print(json.dumps(result.as_json()))
+    if not result.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,244 @@
+"""``postlane demo``: the whole pipeline on the embedded default, in under a minute.
+
+A digest burst floods the bulk lane while password resets and verification codes arrive
+in the interactive lane; the sandbox provider throttles, fails, times out after accepting,
+and rejects a few addresses, like a real provider on a bad afternoon. The summary shows
+what a user should check: interactive latency, the ceiling, duplicates, dead letters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from postlane.core.message import Message
+from postlane.limiter import open_limiter
+from postlane.providers.base import Provider
+from postlane.providers.sandbox import SandboxConfig, SandboxProvider
+from postlane.store.base import Stats, Store
+from postlane.worker import Worker, WorkerConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    bulk: int = 10_000
+    interactive: int = 60
+    interactive_every_s: float = 0.25
+    rejected_bulk: int = 5
+    rejected_interactive: int = 2
+    ceiling: float = 400.0
+    headroom: float = 0.03
+
+
+def default_sandbox(plan: DemoPlan) -> SandboxProvider:
+    return SandboxProvider(SandboxConfig(
+        rate=plan.ceiling, throttle_rate=0.0005, retry_after_s=0.5, error_rate=0.02,
+        timeout_rate=0.005, reject=r"^bounce", seed=7,
+    ))
+
+
+@dataclass
+class DemoResult:
+    sent: int = 0
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    duplicates_suppressed: int = 0
+    ceiling_violations: int | None = None
+    max_per_second: int | None = None
+    interactive_p50_s: float = 0.0
+    interactive_p99_s: float = 0.0
+    interactive_max_s: float = 0.0
+    bulk_drain_s: float = 0.0
+    elapsed_s: float = 0.0
+    states: dict[str, int] = field(default_factory=dict)
+    retries: int = 0
+    throttled: int = 0
+    ambiguous: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicates == 0 and not self.ceiling_violations and (
+            self.states.get("pending", 0) + self.states.get("sending", 0) == 0)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent, "dead_letters": sum(self.dead_letters.values()),
+            "dead_letter_reasons": self.dead_letters, "duplicates": self.duplicates,
+            "duplicates_suppressed": self.duplicates_suppressed,
+            "ceiling_violations": self.ceiling_violations,
+            "max_per_second": self.max_per_second,
+            "interactive_p50_s": round(self.interactive_p50_s, 3),
+            "interactive_p99_s": round(self.interactive_p99_s, 3),
+            "interactive_max_s": round(self.interactive_max_s, 3),
+            "bulk_drain_s": round(self.bulk_drain_s, 2), "elapsed_s": round(self.elapsed_s, 2),
+            "retries": self.retries, "throttled": self.throttled, "ambiguous": self.ambiguous,
+            "states": self.states, "ok": self.ok,
+        }
+
+
+async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Console,
+                   *, live: bool = True) -> DemoResult:
+    await store.migrate()
+    _log_through(console)
+    limiter = open_limiter(None, rate=plan.ceiling * (1 - plan.headroom))
+    worker = Worker(store, provider, limiter=limiter, config=WorkerConfig(
+        attempt_timeout_s=2.0, lease=timedelta(seconds=15), poll_interval_s=0.5,
+    ))
+    started = time.monotonic()
+    await _enqueue_bulk(store, plan)
+    worker_task = asyncio.create_task(worker.run())
+    interactive_ids: list[int] = []
+    producer = asyncio.create_task(_enqueue_interactive(store, plan, interactive_ids))
+    bulk_done_at: float | None = None
+    view = Live(console=console, refresh_per_second=4, transient=False) if live else None
+    try:
+        if view is not None:
+            view.start()
+        while True:
+            stats = await store.stats()
+            if bulk_done_at is None and stats.lanes.get("bulk") and \
+                    stats.lanes["bulk"].depth == 0:
+                bulk_done_at = time.monotonic()
+            if view is not None:
+                view.update(_render(stats, worker, time.monotonic() - started))
+            active = stats.states["pending"] + stats.states["sending"]
+            if producer.done() and active == 0:
+                break
+            if worker_task.done():
+                worker_task.result()  # a crashed worker ends the demo with its error
+                break
+            await asyncio.sleep(0.25)
+    finally:
+        if view is not None:
+            view.stop()
+        worker.stop()
+        await worker_task
+        producer.cancel()
+        await limiter.close()
+    elapsed = time.monotonic() - started
+    return await _summarise(store, provider, plan, worker, interactive_ids,
+                            (bulk_done_at or time.monotonic()) - started, elapsed)
+
+
+async def _enqueue_bulk(store: Store, plan: DemoPlan) -> None:
+    messages = [
+        Message(key=f"digest:2026-11:{i}",
+                to=(f"bounce-{i}@example.com" if i < plan.rejected_bulk
+                    else f"reader{i}@example.com"),
+                subject="Your November digest", text=f"Hello reader {i}, here is your digest.",
+                lane="bulk", metadata={"campaign": "digest-2026-11"})
+        for i in range(plan.bulk)
+    ]
+    for start in range(0, len(messages), 2000):
+        await store.enqueue_many(messages[start:start + 2000])
+
+
+async def _enqueue_interactive(store: Store, plan: DemoPlan, ids: list[int]) -> None:
+    await asyncio.sleep(1.0)  # let the bulk lane get going first
+    for i in range(plan.interactive):
+        if i < plan.rejected_interactive:
+            to = f"bounce-user{i}@example.com"
+        else:
+            to = f"user{i}@example.com"
+        kind = "reset" if i % 2 else "verify"
+        result = await store.enqueue(Message(
+            key=f"{kind}:{i}", to=to, subject="Reset your password" if kind == "reset"
+            else "Your verification code", text=f"Your code is {100000 + i}",
+            lane="interactive", expires_in=timedelta(minutes=15),
+        ))
+        ids.append(result.id)
+        await asyncio.sleep(plan.interactive_every_s)
+
+
+def _log_through(console: Console) -> None:
+    """Alerts (dead letters, breaker) print above the live view instead of through it."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("postlane")
+    if not any(isinstance(h, RichHandler) for h in logger.handlers):
+        logger.addHandler(RichHandler(console=console, show_path=False, markup=False))
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+
+
+def _render(stats: Stats, worker: Worker, elapsed: float) -> Group:
+    table = Table(title=f"postlane demo — {elapsed:5.1f}s", expand=False)
+    for column in ("lane", "depth", "oldest age (s)"):
+        table.add_column(column, justify="right" if column != "lane" else "left")
+    for name, lane in sorted(stats.lanes.items()):
+        table.add_row(name, str(lane.depth), f"{lane.oldest_age_s:.1f}")
+    counters = worker.counters
+    totals = Table.grid(padding=(0, 2))
+    totals.add_row(
+        f"sent {stats.states['sent']}",
+        f"retries {counters['outcome:transient'] + counters['outcome:ambiguous']}",
+        f"throttled {counters['outcome:throttled']}",
+        f"dead letters {sum(stats.dead_letters.values())}",
+        f"ambiguous outcomes {counters['outcome:ambiguous']}",
+    )
+    return Group(table, totals)
+
+
+async def _summarise(store: Store, provider: Provider, plan: DemoPlan, worker: Worker,
+                     interactive_ids: list[int], bulk_drain_s: float,
+                     elapsed: float) -> DemoResult:
+    stats = await store.stats()
+    result = DemoResult(
+        sent=stats.states["sent"], dead_letters=dict(stats.dead_letters),
+        bulk_drain_s=bulk_drain_s, elapsed_s=elapsed, states=dict(stats.states),
+        retries=worker.counters["outcome:transient"] + worker.counters["outcome:ambiguous"],
+        throttled=worker.counters["outcome:throttled"],
+        ambiguous=worker.counters["outcome:ambiguous"],
+    )
+    latencies = []
+    for delivery_id in interactive_ids:
+        delivery = await store.get(delivery_id)
+        if delivery is not None and delivery.sent_at is not None:
+            latencies.append((delivery.sent_at - delivery.created_at).total_seconds())
+    if latencies:
+        latencies.sort()
+        result.interactive_p50_s = statistics.median(latencies)
+        result.interactive_p99_s = latencies[min(len(latencies) - 1,
+                                                 int(0.99 * len(latencies)))]
+        result.interactive_max_s = latencies[-1]
+    if isinstance(provider, SandboxProvider):
+        seen = provider.engine.stats
+        result.duplicates_suppressed = seen.duplicates_suppressed
+        keys = provider.engine.accepted_keys()
+        result.duplicates = seen.accepted - len(set(keys))
+        result.max_per_second = max(seen.by_second.values(), default=0)
+        result.ceiling_violations = sum(1 for n in seen.by_second.values() if n > plan.ceiling)
+    return result
+
+
+def print_summary(result: DemoResult, console: Console, db_url: str) -> None:
+    console.print()
+    console.rule("summary")
+    console.print(f"sent {result.sent} in {result.elapsed_s:.1f}s; bulk lane drained in "
+                  f"{result.bulk_drain_s:.1f}s")
+    console.print(f"interactive enqueue-to-send latency: p50 {result.interactive_p50_s:.3f}s, "
+                  f"p99 {result.interactive_p99_s:.3f}s, max {result.interactive_max_s:.3f}s")
+    if result.ceiling_violations is not None:
+        console.print(f"ceiling: at most {result.max_per_second} sends in any second at the "
+                      f"provider; seconds over the ceiling: {result.ceiling_violations}")
+    console.print(f"duplicates at the provider: {result.duplicates} "
+                  f"({result.duplicates_suppressed} repeats suppressed by idempotency key)")
+    console.print(f"retries {result.retries}, throttled {result.throttled}, "
+                  f"ambiguous {result.ambiguous}")
+    reasons = ", ".join(f"{k}={v}" for k, v in sorted(result.dead_letters.items())) or "none"
+    console.print(f"dead letters: {sum(result.dead_letters.values())} ({reasons})")
+    console.print()
+    console.print("next, try:")
+    console.print(f"  postlane --db {db_url} status")
+    console.print(f"  postlane --db {db_url} timeline reset:3")
+    console.print(f"  postlane --db {db_url} dlq list")
