@@ -10,7 +10,8 @@
     ├── ConfigurationError        a bad URL, option or lane table
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
-    └── UnsupportedConnection     enqueue() was handed a connection it cannot write through
+    ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
+    └── ReplayRefused             a dead-letter replay failed a check (expired, no canary yet)
 
 Errors that concern a *send* (retry, stop, or reconcile) are not exceptions: a provider
 adapter turns them into an outcome class, see ``postlane.core.outcomes``.
@@ -65,3 +66,7 @@ class MigrationRequired(StoreError):
 
 class UnsupportedConnection(PostlaneError, TypeError):
     """``enqueue`` accepts psycopg 3, sqlite3 and SQLAlchemy connections only."""
+
+
+class ReplayRefused(PostlaneError):
+    """A dead-letter replay failed one of its checks: still useful? cause fixed (canary)?"""

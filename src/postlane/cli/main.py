@@ -243,12 +243,15 @@ def prune(
 
 def _register() -> None:
     from postlane.cli import demo as demo_cli
+    from postlane.cli import dlq as dlq_cli
     from postlane.cli import worker as worker_cli
 
     app.command()(demo_cli.demo)
     app.command()(worker_cli.worker)
     app.command()(worker_cli.pause)
     app.command()(worker_cli.resume)
+    app.command()(dlq_cli.timeline)
+    app.add_typer(dlq_cli.dlq, name="dlq")
 
 
 _register()

@@ -6,6 +6,7 @@ row of the seed texts' failure table is a unit test.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         if when.tzinfo is None:
             return None
         return max(0.0, (when - now).total_seconds())
-    if seconds != seconds or seconds < 0:  # NaN or negative
+    if not math.isfinite(seconds) or seconds < 0:  # NaN, inf ("1e999") or negative
         return None
     return seconds
 
@@ -160,7 +161,8 @@ def _requeue(
     delivery: Delivery, now: datetime, delay: float, event: str, *, spend: bool,
     detail: dict[str, Any],
 ) -> Decision:
-    if delivery.expires_at is not None and now + timedelta(seconds=delay) >= delivery.expires_at:
+    # Compared in seconds: ``now + timedelta(delay)`` overflows for an absurd Retry-After.
+    if delivery.expires_at is not None and delay >= (delivery.expires_at - now).total_seconds():
         return Decision(State.EXPIRED, "expired", spend_attempt=spend,
                         dead_reason=DeadReason.EXPIRED,
                         detail={**detail, "why": "the next attempt would land after expires_at",

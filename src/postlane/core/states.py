@@ -47,13 +47,18 @@ class State(StrEnum):
     CANCELLED = "cancelled"
     """Terminal: withdrawn by the application or an operator before it was sent."""
 
+    SUPPRESSED = "suppressed"
+    """Terminal: the address is on the suppression list (a hard bounce or a complaint), so it
+    was not sent. Not a dead letter. Left only by an operator who lifts the suppression and
+    replays it."""
+
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATES
 
 
 TERMINAL_STATES: frozenset[State] = frozenset(
-    {State.SENT, State.DEAD, State.EXPIRED, State.CANCELLED}
+    {State.SENT, State.DEAD, State.EXPIRED, State.CANCELLED, State.SUPPRESSED}
 )
 """States nothing automatic leaves; retention prunes deliveries in these states."""
 

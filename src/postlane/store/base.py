@@ -9,7 +9,7 @@ guard, River-style: a worker can only move a delivery it holds, and only out of
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -123,9 +123,12 @@ class Stats:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
+    """One dead-lettered delivery with everything needed to act on it, kept verbatim."""
+
     delivery_id: int
     reason: str
     snapshot: dict[str, Any]
+    """The delivery as it was meant to be sent: key, recipient, rendered content, versions."""
     last_response: str | None
     attempt_history: list[dict[str, Any]]
     dead_at: datetime
@@ -133,6 +136,58 @@ class DeadLetter:
     replayed_by: str | None
     discarded_at: datetime | None
     discard_reason: str | None
+    replay_count: int = 0
+    delivery_state: str | None = None
+    """The delivery's state now: ``dead`` (or ``expired``) while the entry is open."""
+
+
+DEAD_LETTER_COLUMNS = (
+    "dl.delivery_id, dl.reason, dl.snapshot, dl.last_response, dl.attempt_history, dl.dead_at, "
+    "dl.replayed_at, dl.replayed_by, dl.discarded_at, dl.discard_reason, dl.replay_count, "
+    "d.state"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """A triage selection. By default: open entries (still dead, not discarded)."""
+
+    reason: str | None = None
+    lane: str | None = None
+    template_id: str | None = None
+    import_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    replayed: bool | None = None
+    """None: either; False: never replayed (what a bulk replay takes); True: replayed."""
+    include_closed: bool = False
+    """Also entries discarded or whose delivery is no longer dead (replayed and sent)."""
+
+    def where(self, ph: Callable[[str], str], when: Callable[[datetime], Any]
+              ) -> tuple[str, dict[str, Any]]:
+        """SQL conditions over ``dl`` (dead letters) and ``d`` (deliveries), and their params.
+
+        ``ph`` renders a named placeholder for the engine; ``when`` converts a time.
+        """
+        conditions: list[str] = []
+        params: dict[str, Any] = {}
+        if not self.include_closed:
+            conditions.append("dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')")
+        for name, column in (("reason", "dl.reason"), ("lane", "d.lane"),
+                             ("template_id", "d.template_id"), ("import_id", "d.import_id")):
+            value = getattr(self, name)
+            if value is not None:
+                conditions.append(f"{column} = {ph(name)}")
+                params[name] = value
+        if self.since is not None:
+            conditions.append(f"dl.dead_at >= {ph('since')}")
+            params["since"] = when(self.since)
+        if self.until is not None:
+            conditions.append(f"dl.dead_at < {ph('until')}")
+            params["until"] = when(self.until)
+        if self.replayed is not None:
+            conditions.append("dl.replay_count > 0" if self.replayed else "dl.replay_count = 0")
+        return (" AND ".join(conditions) or "1 = 1"), params
 
 
 class Store(abc.ABC):
@@ -250,6 +305,29 @@ class Store(abc.ABC):
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None: ...
 
     @abc.abstractmethod
+    async def list_dead_letters(
+        self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters matching ``selection``, oldest first."""
+
+    @abc.abstractmethod
+    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
+        """Send these dead deliveries again: same row, same key, same rendered content, a fresh
+        attempt budget. Guarded: only entries whose delivery is still dead or expired and that
+        are not discarded. Marks each entry replayed (when, by whom, how often)."""
+
+    @abc.abstractmethod
+    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        """Close an open entry without sending; it stays for the record until retention."""
+
+    @abc.abstractmethod
+    async def find_deliveries(
+        self, *, key: str | None = None, recipient: str | None = None,
+        import_id: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        """Deliveries by idempotency key, recipient or import, newest first."""
+
+    @abc.abstractmethod
     async def stats(self) -> Stats: ...
 
     @abc.abstractmethod
@@ -266,3 +344,18 @@ def bound_response(text: str | None) -> str | None:
     if text is None or len(text) <= MAX_RESPONSE_CHARS:
         return text
     return text[:MAX_RESPONSE_CHARS] + f"... [{len(text) - MAX_RESPONSE_CHARS} more chars]"
+
+
+def find_conditions(key: str | None, recipient: str | None, import_id: str | None,
+                    placeholder: str) -> tuple[str, dict[str, Any]]:
+    """WHERE conditions for ``find_deliveries``; ``placeholder`` is e.g. ``%({})s``."""
+    conditions, params = [], {}
+    for name, column, value in (("key", "idempotency_key", key),
+                                ("recipient", "recipient", recipient),
+                                ("import_id", "import_id", import_id)):
+        if value is not None:
+            conditions.append(f"{column} = {placeholder.format(name)}")
+            params[name] = value
+    if not conditions:
+        raise ValueError("find_deliveries needs a key, a recipient or an import id")
+    return " AND ".join(conditions), params

@@ -24,10 +24,12 @@ from postlane.core.validation import Limits, validate
 from postlane.errors import StoreError
 from postlane.store import migrations
 from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
     DELIVERY_COLUMNS,
     Claim,
     Control,
     DeadLetter,
+    DeadLetterFilter,
     Event,
     LaneStats,
     RescueResult,
@@ -36,11 +38,14 @@ from postlane.store.base import (
     Transition,
     bound_response,
 )
+from postlane.store.base import (
+    find_conditions as _find_conditions,
+)
 
 CHANNEL = "postlane_enqueued"
 _COLS = ", ".join(DELIVERY_COLUMNS)
 _D_COLS = ", ".join(f"d.{c}" for c in DELIVERY_COLUMNS)
-_TERMINAL = "('sent', 'dead', 'expired', 'cancelled')"
+_TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
 
 # -- producing ---------------------------------------------------------------------------
 _INSERT_COLS = (
@@ -247,6 +252,42 @@ WITH picked AS (
 SELECT id, state FROM u
 """
 
+_REPLAY = """
+WITH dl AS (
+    UPDATE postlane_dead_letters dl
+    SET replayed_at = now(), replayed_by = %(by)s, replay_count = dl.replay_count + 1
+    FROM postlane_deliveries d
+    WHERE dl.delivery_id = ANY(%(ids)s::bigint[]) AND d.id = dl.delivery_id
+      AND d.state IN ('dead', 'expired') AND dl.discarded_at IS NULL
+    RETURNING dl.delivery_id, dl.replay_count
+), u AS (
+    UPDATE postlane_deliveries d
+    SET state = 'pending', attempts = 0, run_at = now(), dead_reason = NULL,
+        finished_at = NULL, updated_at = now()
+    FROM dl WHERE d.id = dl.delivery_id
+    RETURNING d.id, dl.replay_count
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'replayed', 'pending',
+           jsonb_build_object('by', %(by)s::text, 'replay', replay_count) FROM u
+)
+SELECT id FROM u
+"""
+_DISCARD = """
+WITH dl AS (
+    UPDATE postlane_dead_letters dl SET discarded_at = now(), discard_reason = %(reason)s
+    FROM postlane_deliveries d
+    WHERE dl.delivery_id = %(id)s AND d.id = dl.delivery_id
+      AND d.state IN ('dead', 'expired') AND dl.discarded_at IS NULL
+    RETURNING dl.delivery_id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT delivery_id, 'discarded', NULL,
+           jsonb_build_object('by', %(by)s::text, 'reason', %(reason)s::text) FROM dl
+)
+SELECT delivery_id FROM dl
+"""
+
 _CANCEL = """
 WITH u AS (
     UPDATE postlane_deliveries SET state = 'cancelled', finished_at = now(), updated_at = now()
@@ -262,7 +303,7 @@ _PRUNE = """
 DELETE FROM postlane_deliveries WHERE id IN (
     SELECT id FROM postlane_deliveries
     WHERE finished_at IS NOT NULL AND (
-        (state IN ('sent', 'expired', 'cancelled')
+        (state IN ('sent', 'expired', 'cancelled', 'suppressed')
             AND finished_at < now() - make_interval(secs => %(finished_s)s::float8))
         OR (state = 'dead' AND finished_at < now() - make_interval(secs => %(dead_s)s::float8)))
     LIMIT 5000
@@ -522,14 +563,49 @@ class PostgresStore(Store):
             return [Event(*row) for row in await cur.fetchall()]
 
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
+        found = await self._dead_letters("dl.delivery_id = %(id)s", {"id": delivery_id}, 1)
+        return found[0] if found else None
+
+    async def list_dead_letters(
+        self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
+    ) -> list[DeadLetter]:
+        where, params = selection.where(lambda name: f"%({name})s", lambda when: when)
+        return await self._dead_letters(where, params, limit)
+
+    async def _dead_letters(self, where: str, params: dict[str, Any],
+                            limit: int) -> list[DeadLetter]:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT delivery_id, reason, snapshot, last_response, attempt_history, dead_at, "
-                "replayed_at, replayed_by, discarded_at, discard_reason "
-                "FROM postlane_dead_letters WHERE delivery_id = %s", (delivery_id,)
+                f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
+                f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+                f"ORDER BY dl.dead_at, dl.delivery_id LIMIT %(limit)s",
+                {**params, "limit": limit},
             )
-            row = await cur.fetchone()
-        return DeadLetter(*row) if row else None
+            return [DeadLetter(*row) for row in await cur.fetchall()]
+
+    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_REPLAY, {"ids": list(ids), "by": by})
+            return {row[0] for row in await cur.fetchall()}
+
+    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_DISCARD, {"id": delivery_id, "reason": reason, "by": by})
+            return await cur.fetchone() is not None
+
+    async def find_deliveries(
+        self, *, key: str | None = None, recipient: str | None = None,
+        import_id: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        conditions, params = _find_conditions(key, recipient, import_id, "%({})s")
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
+            )
+            return [_delivery(row) for row in await cur.fetchall()]
 
     async def stats(self) -> Stats:
         async with self._pool.connection() as conn:
@@ -551,8 +627,10 @@ class PostgresStore(Store):
             )
             attempts = {str(a): int(n) for a, n in await cur.fetchall()}
             cur = await conn.execute(
-                "SELECT reason, count(*) FROM postlane_dead_letters "
-                "WHERE replayed_at IS NULL AND discarded_at IS NULL GROUP BY reason"
+                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+                "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
+                "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
+                "GROUP BY dl.reason"
             )
             dead = {r: int(n) for r, n in await cur.fetchall()}
         return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)

@@ -23,10 +23,12 @@ from postlane.core.validation import Limits, validate
 from postlane.errors import StoreError
 from postlane.store import migrations
 from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
     DELIVERY_COLUMNS,
     Claim,
     Control,
     DeadLetter,
+    DeadLetterFilter,
     Event,
     LaneStats,
     RescueResult,
@@ -34,6 +36,7 @@ from postlane.store.base import (
     Store,
     Transition,
     bound_response,
+    find_conditions,
 )
 
 T = TypeVar("T")
@@ -44,7 +47,7 @@ _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
 })
-_TERMINAL = "('sent', 'dead', 'expired', 'cancelled')"
+_TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
 
 INSERT_ONE = f"""
 INSERT INTO postlane_deliveries (
@@ -171,15 +174,23 @@ class SQLiteStore(Store):
             for migration in migrations.load(self.engine):
                 if migration.version in done:
                     continue
-                # executescript commits first, so the migration brings its own transaction;
-                # a concurrent migrator blocks on BEGIN IMMEDIATE and then finds it recorded.
-                self.conn.executescript(
-                    "BEGIN IMMEDIATE;\n"
-                    f"{migration.sql}\n"
-                    f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
-                    f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
-                    "COMMIT;"
-                )
+                # executescript commits first, so the migration brings its own transaction.
+                # It records itself first: a concurrent migrator that applied it since we
+                # read ``done`` makes that INSERT fail, and we roll back and move on.
+                try:
+                    self.conn.executescript(
+                        "BEGIN IMMEDIATE;\n"
+                        f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
+                        f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
+                        f"{migration.sql}\n"
+                        "COMMIT;"
+                    )
+                except sqlite3.Error:
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                    if migration.version in self._applied():
+                        continue
+                    raise
                 applied.append(migration.label)
             return applied
         return await self._run(_migrate)
@@ -502,19 +513,88 @@ class SQLiteStore(Store):
         return await self._run(_timeline)
 
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
-        def _dead_letter() -> DeadLetter | None:
-            row = self.conn.execute(
-                "SELECT delivery_id, reason, snapshot, last_response, attempt_history, dead_at, "
-                "replayed_at, replayed_by, discarded_at, discard_reason "
-                "FROM postlane_dead_letters WHERE delivery_id = ?", (delivery_id,)
-            ).fetchone()
-            if row is None:
-                return None
-            return DeadLetter(
-                row[0], row[1], json.loads(row[2]), row[3], json.loads(row[4]), _dt(row[5]),
-                _opt_dt(row[6]), row[7], _opt_dt(row[8]), row[9],
-            )
-        return await self._run(_dead_letter)
+        found = await self._run(self._dead_letters, "dl.delivery_id = :id",
+                                {"id": delivery_id}, 1)
+        return found[0] if found else None
+
+    async def list_dead_letters(
+        self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
+    ) -> list[DeadLetter]:
+        where, params = selection.where(lambda name: f":{name}", lambda when: when.timestamp())
+        return await self._run(self._dead_letters, where, params, limit)
+
+    def _dead_letters(self, where: str, params: dict[str, Any],
+                      limit: int) -> list[DeadLetter]:
+        rows = self.conn.execute(
+            f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
+            f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+            f"ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit", {**params, "limit": limit},
+        ).fetchall()
+        return [
+            DeadLetter(r[0], r[1], json.loads(r[2]), r[3], json.loads(r[4]), _dt(r[5]),
+                       _opt_dt(r[6]), r[7], _opt_dt(r[8]), r[9], r[10], r[11])
+            for r in rows
+        ]
+
+    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
+        def _replay() -> set[int]:
+            replayed = set()
+            with self._write() as conn:
+                for delivery_id in ids:
+                    row = conn.execute(
+                        f"""UPDATE postlane_dead_letters
+                        SET replayed_at = {NOW}, replayed_by = ?, replay_count = replay_count + 1
+                        WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+                            SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+                              AND d.state IN ('dead', 'expired'))
+                        RETURNING replay_count""", (by, delivery_id),
+                    ).fetchone()
+                    if row is None:
+                        continue
+                    conn.execute(
+                        f"UPDATE postlane_deliveries SET state = 'pending', attempts = 0, "
+                        f"run_at = {NOW}, dead_reason = NULL, finished_at = NULL, "
+                        f"updated_at = {NOW} WHERE id = ?", (delivery_id,),
+                    )
+                    conn.execute(_INSERT_EVENT, (delivery_id, "replayed", "pending",
+                                                 json.dumps({"by": by, "replay": row[0]})))
+                    replayed.add(delivery_id)
+            return replayed
+        if not ids:
+            return set()
+        result = await self._run(_replay)
+        self._wakeup.set()
+        return result
+
+    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        def _discard() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"""UPDATE postlane_dead_letters SET discarded_at = {NOW}, discard_reason = ?
+                    WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+                        SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+                          AND d.state IN ('dead', 'expired'))
+                    RETURNING delivery_id""", (reason, delivery_id),
+                ).fetchone()
+                if row is not None:
+                    conn.execute(_INSERT_EVENT, (delivery_id, "discarded", None,
+                                                 json.dumps({"by": by, "reason": reason})))
+                return row is not None
+        return await self._run(_discard)
+
+    async def find_deliveries(
+        self, *, key: str | None = None, recipient: str | None = None,
+        import_id: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        conditions, params = find_conditions(key, recipient, import_id, ":{}")
+
+        def _find() -> list[Delivery]:
+            rows = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
+            ).fetchall()
+            return [_delivery(r) for r in rows]
+        return await self._run(_find)
 
     async def stats(self) -> Stats:
         def _stats() -> Stats:
@@ -534,8 +614,10 @@ class SQLiteStore(Store):
                 "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
             )}
             dead = dict(conn.execute(
-                "SELECT reason, count(*) FROM postlane_dead_letters "
-                "WHERE replayed_at IS NULL AND discarded_at IS NULL GROUP BY reason"
+                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+                "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
+                "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
+                "GROUP BY dl.reason"
             ).fetchall())
             return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
         return await self._run(_stats)
@@ -563,7 +645,7 @@ class SQLiteStore(Store):
                         f"""DELETE FROM postlane_deliveries WHERE id IN (
                             SELECT id FROM postlane_deliveries
                             WHERE finished_at IS NOT NULL AND (
-                                (state IN ('sent', 'expired', 'cancelled')
+                                (state IN ('sent', 'expired', 'cancelled', 'suppressed')
                                     AND finished_at < {NOW} - ?)
                                 OR (state = 'dead' AND finished_at < {NOW} - ?))
                             LIMIT 5000)""",

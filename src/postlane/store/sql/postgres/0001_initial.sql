@@ -15,7 +15,8 @@ CREATE TABLE postlane_deliveries (
     template_id         TEXT,
     template_version    INTEGER,
     state               TEXT NOT NULL DEFAULT 'pending'
-        CHECK (state IN ('pending', 'sending', 'sent', 'ambiguous', 'dead', 'expired', 'cancelled')),
+        CHECK (state IN ('pending', 'sending', 'sent', 'ambiguous', 'dead', 'expired',
+                          'cancelled', 'suppressed')),
     attempts            INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     claims              INTEGER NOT NULL DEFAULT 0,
     run_at              TIMESTAMPTZ NOT NULL DEFAULT now(),
@@ -66,12 +67,13 @@ CREATE TABLE postlane_dead_letters (
     attempt_history JSONB NOT NULL DEFAULT '[]',
     dead_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
     replayed_at     TIMESTAMPTZ,
+    replay_count    INTEGER NOT NULL DEFAULT 0,
     replayed_by     TEXT,
     discarded_at    TIMESTAMPTZ,
     discard_reason  TEXT
 );
 CREATE INDEX postlane_dead_letters_open ON postlane_dead_letters (dead_at)
-    WHERE replayed_at IS NULL AND discarded_at IS NULL;
+    WHERE discarded_at IS NULL;
 
 -- One NOTIFY per enqueueing statement (not per row), so COPY of a million rows wakes
 -- idle workers once.

@@ -15,7 +15,8 @@ CREATE TABLE postlane_deliveries (
     template_id         TEXT,
     template_version    INTEGER,
     state               TEXT NOT NULL DEFAULT 'pending'
-        CHECK (state IN ('pending', 'sending', 'sent', 'ambiguous', 'dead', 'expired', 'cancelled')),
+        CHECK (state IN ('pending', 'sending', 'sent', 'ambiguous', 'dead', 'expired',
+                          'cancelled', 'suppressed')),
     attempts            INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     claims              INTEGER NOT NULL DEFAULT 0,
     run_at              REAL NOT NULL,
@@ -64,9 +65,10 @@ CREATE TABLE postlane_dead_letters (
     attempt_history TEXT NOT NULL DEFAULT '[]',
     dead_at         REAL NOT NULL,
     replayed_at     REAL,
+    replay_count    INTEGER NOT NULL DEFAULT 0,
     replayed_by     TEXT,
     discarded_at    REAL,
     discard_reason  TEXT
 );
 CREATE INDEX postlane_dead_letters_open ON postlane_dead_letters (dead_at)
-    WHERE replayed_at IS NULL AND discarded_at IS NULL;
+    WHERE discarded_at IS NULL;

@@ -1,0 +1,197 @@
+"""``postlane dlq ...`` and ``postlane timeline``: triage and act on what did not go out."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from postlane.cli.main import console, delivery_json, run_with_store
+from postlane.core.durations import parse_duration
+from postlane.core.validation import redact_address
+from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
+from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
+
+dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
+                  no_args_is_help=True)
+
+Reason = Annotated[str | None, typer.Option(help="Only this reason (permanent, "
+                                                 "budget_exhausted, expired, handler_error).")]
+Lane = Annotated[str | None, typer.Option(help="Only this lane.")]
+Template = Annotated[str | None, typer.Option("--template", help="Only this template id.")]
+Import = Annotated[str | None, typer.Option("--import", help="Only this import id.")]
+Since = Annotated[str | None, typer.Option(help="Only dead-lettered within this long, e.g. 2h.")]
+
+
+def _selection(reason: str | None, lane: str | None, template: str | None,
+               import_id: str | None, since: str | None, **extra: Any) -> DeadLetterFilter:
+    try:
+        since_at = datetime.now(UTC) - parse_duration(since) if since else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+    return DeadLetterFilter(reason=reason, lane=lane, template_id=template,
+                            import_id=import_id, since=since_at, **extra)
+
+
+def entry_json(entry: DeadLetter) -> dict[str, Any]:
+    return {
+        "delivery_id": entry.delivery_id, "reason": entry.reason,
+        "key": entry.snapshot.get("idempotency_key"), "lane": entry.snapshot.get("lane"),
+        "template_id": entry.snapshot.get("template_id"),
+        "dead_at": entry.dead_at.isoformat(), "last_response": entry.last_response,
+        "replay_count": entry.replay_count, "state": entry.delivery_state,
+        "discarded_at": entry.discarded_at.isoformat() if entry.discarded_at else None,
+    }
+
+
+@dlq.command("list")
+def list_(ctx: typer.Context, reason: Reason = None, lane: Lane = None,
+          template: Template = None, import_id: Import = None, since: Since = None,
+          all_: Annotated[bool, typer.Option("--all", help="Include discarded and "
+                                             "replayed-and-sent entries.")] = False,
+          limit: int = 100,
+          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Open dead letters, oldest first, with counts per reason."""
+    selection = _selection(reason, lane, template, import_id, since, include_closed=all_)
+
+    async def _list(store: Store) -> list[DeadLetter]:
+        return await store.list_dead_letters(selection, limit=limit)
+
+    entries = run_with_store(ctx, _list)
+    if as_json:
+        print(json.dumps([entry_json(e) for e in entries]))
+        return
+    counts: dict[str, int] = {}
+    for entry in entries:
+        counts[entry.reason] = counts.get(entry.reason, 0) + 1
+    table = Table(title=f"dead letters ({len(entries)})")
+    for column in ("id", "reason", "key", "lane", "to", "dead at", "replays", "last response"):
+        table.add_column(column)
+    for e in entries:
+        table.add_row(str(e.delivery_id), e.reason, str(e.snapshot.get("idempotency_key")),
+                      str(e.snapshot.get("lane")),
+                      redact_address(str(e.snapshot.get("recipient", ""))),
+                      e.dead_at.strftime("%Y-%m-%d %H:%M:%S"), str(e.replay_count),
+                      (e.last_response or "")[:60])
+    console.print(table)
+    console.print("by reason: " + ("  ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                                   or "none"))
+
+
+@dlq.command()
+def show(ctx: typer.Context, delivery_id: int,
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Everything an entry keeps: snapshot, reason, verbatim response, attempt history."""
+
+    async def _show(store: Store) -> DeadLetter | None:
+        return await store.dead_letter(delivery_id)
+
+    entry = run_with_store(ctx, _show)
+    if entry is None:
+        console.print(f"no dead letter for delivery {delivery_id}")
+        raise typer.Exit(1)
+    data = {**entry_json(entry), "snapshot": entry.snapshot,
+            "attempt_history": entry.attempt_history, "replayed_by": entry.replayed_by,
+            "discard_reason": entry.discard_reason}
+    if as_json:
+        print(json.dumps(data, default=str))
+    else:
+        console.print_json(json.dumps(data, default=str))
+
+
+@dlq.command()
+def replay(
+    ctx: typer.Context,
+    delivery_id: Annotated[int | None, typer.Argument(
+        help="Replay this one entry (the canary). Without it: the rest of the selection.")
+    ] = None,
+    reason: Reason = None, lane: Lane = None, template: Template = None,
+    import_id: Import = None, since: Since = None,
+    valid_for: Annotated[str | None, typer.Option(
+        help="Refuse entries created longer ago than this (e.g. 15m for resets).")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Show what would be replayed.")] = False,
+    by: Annotated[str, typer.Option(help="Who replays (kept on the entry).")] = "",
+) -> None:
+    """Staged replay: one entry first; the rest of a selection once that one was sent."""
+    who = by or getpass.getuser()
+    window = parse_duration(valid_for) if valid_for else None
+    if delivery_id is not None:
+        async def _one(store: Store) -> DeadLetter:
+            if dry_run:
+                entry = await store.dead_letter(delivery_id)
+                if entry is None:
+                    raise typer.BadParameter(f"no dead letter for delivery {delivery_id}")
+                return entry
+            return await replay_one(store, delivery_id, by=who, valid_for=window)
+
+        entry = run_with_store(ctx, _one)
+        verb = "would replay" if dry_run else "replayed"
+        console.print(f"{verb} delivery {entry.delivery_id} with its original key "
+                      f"{entry.snapshot.get('idempotency_key')}; when it is sent, replay the "
+                      "rest with `postlane dlq replay` and the same filters")
+        return
+    selection = _selection(reason, lane, template, import_id, since)
+
+    async def _rest(store: Store) -> ReplayPlan:
+        return await replay_selection(store, selection, by=who, dry_run=dry_run,
+                                      valid_for=window)
+
+    plan = run_with_store(ctx, _rest)
+    verb = "would replay" if plan.dry_run else "replayed"
+    console.print(f"canary {plan.canary} was sent; {verb} {len(plan.replay)} entries: "
+                  f"{plan.replay[:20]}{' ...' if len(plan.replay) > 20 else ''}")
+    if plan.skipped_expired:
+        console.print(f"skipped {len(plan.skipped_expired)} no longer useful (discard them): "
+                      f"{plan.skipped_expired[:20]}")
+
+
+@dlq.command()
+def discard(ctx: typer.Context, delivery_id: int,
+            reason: Annotated[str, typer.Option(help="Why it is not replayed.")],
+            by: str = "") -> None:
+    """Close an entry without sending it."""
+
+    async def _discard(store: Store) -> bool:
+        return await store.discard_dead_letter(delivery_id, reason, by or getpass.getuser())
+
+    if not run_with_store(ctx, _discard):
+        console.print(f"delivery {delivery_id} has no open dead letter")
+        raise typer.Exit(1)
+    console.print(f"discarded dead letter {delivery_id}: {reason}")
+
+
+def timeline(
+    ctx: typer.Context,
+    id_or_key: Annotated[str, typer.Argument(help="Delivery id or idempotency key.")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Every transition of one delivery, from enqueue to its last provider event."""
+
+    async def _timeline(store: Store) -> tuple[Any, list[Event]]:
+        delivery = await store.get(id_or_key)
+        if delivery is None and id_or_key.isdigit():
+            delivery = await store.get(int(id_or_key))
+        if delivery is None:
+            return None, []
+        return delivery, await store.timeline(delivery.id)
+
+    delivery, events = run_with_store(ctx, _timeline)
+    if delivery is None:
+        console.print(f"no delivery with id or key {id_or_key!r}")
+        raise typer.Exit(1)
+    if as_json:
+        print(json.dumps({"delivery": delivery_json(delivery), "events": [
+            {"at": e.at.isoformat(), "kind": e.kind, "state": e.state, "data": e.data}
+            for e in events]}))
+        return
+    console.print(f"delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
+                  f"to={redact_address(delivery.recipient)} state={delivery.state} "
+                  f"attempts={delivery.attempts}")
+    for e in events:
+        data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "traceback")
+        console.print(f"  {e.at.strftime('%H:%M:%S.%f')[:-3]}  {e.kind:<16} "
+                      f"{e.state or '':<10} {data}", markup=False, highlight=False)
