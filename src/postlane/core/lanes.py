@@ -111,6 +111,8 @@ def may_start(
     for other, floor in floors.items():
         if other == lane:
             continue
+        # A slot already lent to a third lane is not idle: it cannot be lent twice.
+        spare -= max(0, in_flight.get(other, 0) - floor)
         if wanting.get(other, False):
             continue
         spare += max(0, floor - in_flight.get(other, 0))

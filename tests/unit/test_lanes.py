@@ -1,0 +1,230 @@
+"""Lanes: reserved floors that sum to the worker's concurrency, lent only when idle."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from itertools import pairwise
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from postlane.core.lanes import (
+    DEFAULT_LANES,
+    LaneConfig,
+    check_lanes,
+    may_start,
+    parse_lane_shares,
+    slot_floors,
+)
+from postlane.errors import ConfigurationError
+
+
+def lanes_of(*percentages: int) -> list[LaneConfig]:
+    return [LaneConfig(f"lane{i}", p / 100) for i, p in enumerate(percentages)]
+
+
+# -- floors ------------------------------------------------------------------------------
+def test_default_floors_follow_the_shares() -> None:
+    assert slot_floors(DEFAULT_LANES, 100) == {"interactive": 70, "bulk": 30}
+    assert slot_floors(DEFAULT_LANES, 10) == {"interactive": 7, "bulk": 3}
+    # Rounding remainder goes to the largest share: 0.7 * 4 = 2.8 -> 2 (+1), 0.3 * 4 -> 1.
+    assert slot_floors(DEFAULT_LANES, 4) == {"interactive": 3, "bulk": 1}
+
+
+def test_every_lane_gets_at_least_one_slot() -> None:
+    assert slot_floors(DEFAULT_LANES, 2) == {"interactive": 1, "bulk": 1}
+    floors = slot_floors(lanes_of(98, 1, 1), 3)
+    assert floors == {"lane0": 1, "lane1": 1, "lane2": 1}
+    floors = slot_floors(lanes_of(98, 1, 1), 10)
+    assert floors["lane1"] == floors["lane2"] == 1
+    assert sum(floors.values()) == 10
+
+
+def test_concurrency_below_the_number_of_lanes_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="below the number of lanes"):
+        slot_floors(DEFAULT_LANES, 1)
+
+
+@st.composite
+def percentages(draw: st.DrawFn) -> list[int]:
+    """2..6 positive integer percentages adding up to 100."""
+    n = draw(st.integers(2, 6))
+    cuts = sorted(draw(st.lists(st.integers(1, 99), min_size=n - 1, max_size=n - 1,
+                                unique=True)))
+    bounds = [0, *cuts, 100]
+    return [b - a for a, b in pairwise(bounds)]
+
+
+@given(pcts=percentages(), extra=st.integers(0, 300))
+def test_floors_sum_to_concurrency_and_give_each_lane_one(pcts: list[int], extra: int) -> None:
+    lanes = lanes_of(*pcts)
+    concurrency = len(lanes) + extra
+    floors = slot_floors(lanes, concurrency)
+    assert sum(floors.values()) == concurrency
+    assert set(floors) == {lane.name for lane in lanes}
+    assert all(f >= 1 for f in floors.values())
+    # Roughly proportional: never more than the lane count away from the exact share.
+    for lane in lanes:
+        assert abs(floors[lane.name] - lane.share * concurrency) <= len(lanes)
+
+
+# -- may_start ---------------------------------------------------------------------------
+FLOORS = {"interactive": 7, "bulk": 3}
+
+
+def test_within_its_floor_a_lane_always_starts() -> None:
+    busy = {"interactive": 10, "bulk": 0}  # interactive borrowed all of bulk's slots
+    assert may_start("bulk", busy, FLOORS, {"interactive": True, "bulk": True})
+    assert may_start("interactive", {"interactive": 6, "bulk": 3}, FLOORS,
+                     {"interactive": True, "bulk": True})
+
+
+def test_idle_slots_of_a_lane_without_work_are_lent() -> None:
+    idle_bulk = {"interactive": True, "bulk": False}
+    assert may_start("interactive", {"interactive": 7, "bulk": 0}, FLOORS, idle_bulk)
+    assert may_start("interactive", {"interactive": 9, "bulk": 0}, FLOORS, idle_bulk)
+    # Bulk's three slots are all lent: the worker is full.
+    assert not may_start("interactive", {"interactive": 10, "bulk": 0}, FLOORS, idle_bulk)
+    # Bulk uses one of its slots itself: only two are left to lend.
+    assert may_start("interactive", {"interactive": 8, "bulk": 1}, FLOORS, idle_bulk)
+    assert not may_start("interactive", {"interactive": 9, "bulk": 1}, FLOORS, idle_bulk)
+
+
+def test_a_lane_that_wants_work_lends_nothing() -> None:
+    both_want = {"interactive": True, "bulk": True}
+    assert not may_start("interactive", {"interactive": 7, "bulk": 0}, FLOORS, both_want)
+    assert not may_start("bulk", {"interactive": 0, "bulk": 3}, FLOORS, both_want)
+    # Missing flags read as "not wanting"; missing counts as nothing in flight.
+    assert may_start("bulk", {"bulk": 3}, FLOORS, {})
+
+
+def test_bulk_borrows_interactive_slots_when_interactive_is_quiet() -> None:
+    quiet = {"interactive": False, "bulk": True}
+    assert may_start("bulk", {"interactive": 0, "bulk": 9}, FLOORS, quiet)
+    assert not may_start("bulk", {"interactive": 0, "bulk": 10}, FLOORS, quiet)
+
+
+def test_two_borrowers_cannot_both_take_the_same_idle_slot() -> None:
+    floors = {"a": 1, "b": 1, "c": 1}
+    wanting = {"a": True, "b": True, "c": False}
+    # b already borrowed c's only slot: nothing is left for a.
+    assert not may_start("a", {"a": 1, "b": 2, "c": 0}, floors, wanting)
+    assert may_start("a", {"a": 1, "b": 1, "c": 0}, floors, wanting)
+
+
+@st.composite
+def lane_states(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int], dict[str, bool], str]:
+    pcts = draw(percentages())
+    lanes = lanes_of(*pcts)
+    concurrency = len(lanes) + draw(st.integers(0, 30))
+    floors = slot_floors(lanes, concurrency)
+    names = list(floors)
+    in_flight = {name: draw(st.integers(0, concurrency + 2)) for name in names}
+    wanting = {name: draw(st.booleans()) for name in names}
+    return floors, in_flight, wanting, draw(st.sampled_from(names))
+
+
+@given(state=lane_states())
+def test_a_lane_below_its_floor_may_always_start(
+    state: tuple[dict[str, int], dict[str, int], dict[str, bool], str],
+) -> None:
+    floors, in_flight, wanting, lane = state
+    assume(in_flight[lane] < floors[lane])
+    assert may_start(lane, in_flight, floors, wanting)
+
+
+@given(state=lane_states())
+def test_a_lane_never_borrows_a_slot_of_a_lane_that_wants_work(
+    state: tuple[dict[str, int], dict[str, int], dict[str, bool], str],
+) -> None:
+    """Beyond its floor, a lane may start only into a slot nobody with work can claim:
+    after it starts, the sends in flight plus the unused floors of every other lane that
+    wants work still fit in the worker's concurrency."""
+    floors, in_flight, wanting, lane = state
+    assume(in_flight[lane] >= floors[lane])
+    if not may_start(lane, in_flight, floors, wanting):
+        return
+    concurrency = sum(floors.values())
+    reserved_for_wanting = sum(max(0, floors[o] - in_flight[o]) for o in floors
+                               if o != lane and wanting[o])
+    assert sum(in_flight.values()) + 1 + reserved_for_wanting <= concurrency
+
+
+@given(pcts=percentages(), extra=st.integers(0, 20), data=st.data())
+def test_no_borrowed_start_ever_exceeds_concurrency(
+    pcts: list[int], extra: int, data: st.DataObject,
+) -> None:
+    """Over any sequence of starts, finishes and changes of mind: a lane within its floor may
+    always start, and a start beyond the floor never takes the worker past its concurrency.
+    (A lender taking its floor back may briefly run the total above concurrency, by design:
+    borrowed sends are not pre-empted.)"""
+    lanes = lanes_of(*pcts)
+    concurrency = len(lanes) + extra
+    floors = slot_floors(lanes, concurrency)
+    names = list(floors)
+    in_flight: Counter[str] = Counter()
+    wanting = dict.fromkeys(names, True)
+    for _ in range(data.draw(st.integers(1, 60))):
+        lane = data.draw(st.sampled_from(names))
+        action = data.draw(st.sampled_from(["start", "start", "finish", "toggle"]))
+        if action == "start":
+            within = in_flight[lane] < floors[lane]
+            if within:
+                assert may_start(lane, in_flight, floors, wanting)
+            if may_start(lane, in_flight, floors, wanting):
+                in_flight[lane] += 1
+                if not within:
+                    assert sum(in_flight.values()) <= concurrency
+        elif action == "finish" and in_flight[lane]:
+            in_flight[lane] -= 1
+        elif action == "toggle":
+            wanting[lane] = not wanting[lane]
+
+
+# -- parsing shares ----------------------------------------------------------------------
+def test_parse_lane_shares_keeps_the_lanes_settings() -> None:
+    lanes = parse_lane_shares("interactive=60, bulk=40")
+    assert [(lane.name, lane.share) for lane in lanes] == [("interactive", 0.6), ("bulk", 0.4)]
+    interactive, bulk = lanes
+    assert interactive.max_attempts == 6
+    assert interactive.default_expiry == timedelta(minutes=15)
+    assert bulk.max_attempts == 8
+    assert bulk.default_expiry == timedelta(hours=24)
+
+
+def test_parse_lane_shares_accepts_new_lanes_and_fractions() -> None:
+    lanes = parse_lane_shares("interactive=50,bulk=25,digest=25")
+    assert [lane.name for lane in lanes] == ["interactive", "bulk", "digest"]
+    assert lanes[2].max_attempts == 8  # the default of a new lane
+    assert sum(lane.share for lane in parse_lane_shares("a=33.5,b=66.5")) == pytest.approx(1)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("interactive=70,bulk=20", "not 100%"),
+    ("interactive=70,bulk=40", "not 100%"),
+    ("interactive=100,bulk=10", "not 100%"),
+    ("interactive:70,bulk:30", "NAME=PERCENT"),
+    ("interactive=70;bulk=30", "not a number"),
+    ("=70,bulk=30", "NAME=PERCENT"),
+    ("interactive=70,bulk=30,", "NAME=PERCENT"),
+    ("interactive", "NAME=PERCENT"),
+    ("interactive=seventy,bulk=30", "not a number"),
+    ("interactive=0,bulk=100", r"\(0, 100\]"),
+    ("interactive=-30,bulk=130", r"\(0, 100\]"),
+    ("interactive=nan,bulk=100", r"\(0, 100\]"),
+    ("interactive=50,interactive=50", "repeat"),
+    ("", "NAME=PERCENT"),
+])
+def test_parse_lane_shares_errors(text: str, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        parse_lane_shares(text)
+
+
+def test_check_lanes_refuses_bad_configurations() -> None:
+    with pytest.raises(ConfigurationError, match="at least one lane"):
+        check_lanes([])
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        check_lanes([LaneConfig("interactive", 1.0, max_attempts=0)])
+    check_lanes([LaneConfig("interactive", 1.0)])
