@@ -250,6 +250,7 @@ def _register() -> None:
     app.command()(worker_cli.worker)
     app.command()(worker_cli.pause)
     app.command()(worker_cli.resume)
+    app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)
     app.command()(dlq_cli.timeline)
     app.add_typer(dlq_cli.dlq, name="dlq")
 

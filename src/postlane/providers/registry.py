@@ -1,8 +1,10 @@
-"""Providers are chosen by URL: ``noop://``, ``record:///path.db?dedupe=1`` and, as the
-adapters land, ``sandbox://``, ``smtp://``, ``ses://`` and ``http(s)://``."""
+"""Providers are chosen by URL: ``noop://``, ``record:///path.db?dedupe=1``, ``sandbox://``,
+``sandbox+http://host:port``, ``smtp://`` / ``smtps://``, ``ses://region``, ``http(s)://``
+(a generic JSON API), ``postmark://`` and ``resend://``. See docs/providers.md."""
 
 from __future__ import annotations
 
+import importlib
 from urllib.parse import parse_qs, urlsplit
 
 from postlane.errors import ConfigurationError
@@ -32,6 +34,26 @@ def open_provider(url: str) -> Provider:
             latency_s=float(query.get("latency_ms", "0")) / 1000,
             hang_key=query.get("hang_key"),
         )
+    adapter = _ADAPTERS.get(parts.scheme)
+    if adapter is not None:
+        module, cls = adapter
+        provider_class = getattr(importlib.import_module(f"postlane.providers.{module}"), cls)
+        return provider_class.from_url(url)  # type: ignore[no-any-return]
     raise ConfigurationError(
-        f"unknown provider URL {redact_url(url)!r} (supported: noop://, sandbox://, record:///path.db)"
+        f"unknown provider URL {redact_url(url)!r} (supported: noop://, record:///path.db, "
+        f"sandbox://, {', '.join(f'{scheme}://' for scheme in _ADAPTERS)})"
     )
+
+
+_ADAPTERS: dict[str, tuple[str, str]] = {
+    "sandbox+http": ("sandbox_client", "SandboxHttpProvider"),
+    "sandbox+https": ("sandbox_client", "SandboxHttpProvider"),
+    "smtp": ("smtp", "SMTPProvider"),
+    "smtps": ("smtp", "SMTPProvider"),
+    "ses": ("ses", "SESProvider"),
+    "http": ("http", "JsonHttpProvider"),
+    "https": ("http", "JsonHttpProvider"),
+    "postmark": ("postmark", "PostmarkProvider"),
+    "resend": ("resend", "ResendProvider"),
+}
+"""scheme -> (module under postlane.providers, class with ``from_url``); imported on use."""

@@ -1,0 +1,74 @@
+"""``postlane sandbox``: a fake ESP over HTTP for demos, staging and load tests."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Annotated
+
+import typer
+
+from postlane.cli.main import console, err_console
+
+
+def sandbox(
+    port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one.")] = 8025,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    rate: Annotated[float | None, typer.Option(
+        help="Account ceiling in sends per second (429 with Retry-After above it).")] = None,
+    error_rate: Annotated[float, typer.Option(help="Share of requests answered 503.")] = 0.0,
+    throttle_rate: Annotated[float, typer.Option(
+        help="Share of requests answered 429 at random.")] = 0.0,
+    timeout_rate: Annotated[float, typer.Option(
+        help="Share of requests accepted and then answered only after --timeout-delay.")
+    ] = 0.0,
+    timeout_delay: Annotated[float, typer.Option(
+        help="Seconds an accept-then-timeout answer is held back.")] = 5.0,
+    reject: Annotated[str | None, typer.Option(
+        help="Regular expression: matching recipients are rejected with 400.")] = None,
+    unknown_template: Annotated[list[str] | None, typer.Option(
+        help="Template id answered with 404 (repeatable).")] = None,
+    latency: Annotated[float, typer.Option(help="Seconds added to every answer.")] = 0.0,
+    dedup_window: Annotated[float, typer.Option(
+        help="Seconds an idempotency key is remembered.")] = 86400.0,
+    retry_after: Annotated[float, typer.Option(
+        help="Retry-After of a random 429, in seconds.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Random seed, for repeatable runs.")] = None,
+) -> None:
+    """Serve the sandbox provider over HTTP (use it as sandbox+http://HOST:PORT)."""
+    from postlane.providers.sandbox import SandboxConfig
+    from postlane.providers.sandbox_server import bind, serve
+
+    for name, value in (("--error-rate", error_rate), ("--throttle-rate", throttle_rate),
+                        ("--timeout-rate", timeout_rate)):
+        if not 0 <= value <= 1:
+            raise typer.BadParameter("must be between 0 and 1", param_hint=name)
+    if reject is not None:
+        try:
+            re.compile(reject)
+        except re.error as exc:
+            raise typer.BadParameter(str(exc), param_hint="--reject") from None
+    config = SandboxConfig(
+        rate=rate, error_rate=error_rate, throttle_rate=throttle_rate,
+        timeout_rate=timeout_rate, timeout_delay_s=timeout_delay, reject=reject,
+        unknown_templates=frozenset(unknown_template or ()), dedup_window_s=dedup_window,
+        retry_after_s=retry_after, latency_s=latency, seed=seed,
+    )
+    try:
+        sock = bind(host, port)
+    except OSError as exc:
+        err_console.print(f"[red]error:[/red] cannot listen on {host}:{port}: {exc}")
+        raise typer.Exit(1) from None
+
+    def ready(url: str) -> None:
+        provider_url = url.replace("http://", "sandbox+http://", 1)
+        console.print(f"sandbox listening on {url} (provider URL: {provider_url})",
+                      highlight=False, soft_wrap=True)
+        console.file.flush()
+
+    engine = asyncio.run(serve(config, sock, on_ready=ready))
+    stats = engine.stats
+    console.print(f"sandbox stopped: {stats.accepted} accepted, "
+                  f"{stats.duplicates_suppressed} duplicates suppressed, "
+                  f"{stats.throttled} throttled, {stats.errors} errors, "
+                  f"{stats.timeouts} timeouts, {stats.rejected} rejected", highlight=False)

@@ -1,0 +1,265 @@
+"""HTTP email APIs: one base with the transport mapping, and a generic JSON adapter.
+
+``HttpApiProvider`` owns an ``httpx.AsyncClient`` (keep-alive, a bounded pool) and the part
+of the mapping every HTTP API shares -- what a failure of the *transport* means:
+
+    connect refused / connect timeout / no pooled connection free   transient (never left)
+    read timeout, write timeout, connection dropped mid-exchange     ambiguous (may have left)
+
+and a default table for the *status* (``outcome_of_status``), which subclasses refine with
+the provider's own error codes:
+
+    2xx                          accepted
+    429                          throttled, with Retry-After (seconds or HTTP date)
+    401, 403                     transient: the account's credentials, not the message; the
+                                 breaker pauses sending instead of dead-lettering the queue
+    408, 409                     transient (request timeout; same key still in progress)
+    other 4xx                    permanent
+    504                          ambiguous (a gateway gave up; the service may have it)
+    other 5xx                    transient, with Retry-After when given
+
+The generic adapter, ``http(s)://host/path``, POSTs ``{to, from, subject, text, html,
+headers, metadata}`` as JSON with the key in ``Idempotency-Key`` and a bearer token from
+``POSTLANE_HTTP_TOKEN`` (or the URL's password). The API is declared to deduplicate by key
+(``dedupe=0`` says it does not). Options: ``timeout=10``, ``connect_timeout=5``, ``pool=20``,
+``dedup_window=86400`` (seconds), ``from=ADDR``, ``account=NAME``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome
+from postlane.core.policy import parse_retry_after
+from postlane.errors import ConfigurationError, InvalidMessage
+from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.options import ProviderURL, Secret, secret
+
+HTTP_TOKEN_ENV = "POSTLANE_HTTP_TOKEN"
+RESPONSE_LIMIT = 2000
+"""How much of a response body is kept as the outcome's response text."""
+
+
+class HttpApiProvider(Provider):
+    """Base of the JSON email API adapters: subclasses build the request and read answers."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+        pool: int = 20,
+        default_sender: str | None = None,
+        account: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=timeout_s)
+        self.limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
+        self.default_sender = default_sender
+        self._account = account
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r})"
+
+    @property
+    def account(self) -> str:
+        return self._account or f"{self.name}:{httpx.URL(self.base_url).host}"
+
+    async def open(self) -> None:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout, limits=self.limits, transport=self._transport,
+                follow_redirects=False,
+            )
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError(f"{self.name} provider used before open()")
+        return self._client
+
+    # -- what a subclass fills in ----------------------------------------------------------
+    def build_request(self, delivery: Delivery) -> httpx.Request:
+        raise NotImplementedError
+
+    def map_response(self, response: httpx.Response) -> Outcome:
+        return outcome_of_status(response)
+
+    # -- the send --------------------------------------------------------------------------
+    async def send(self, delivery: Delivery) -> Outcome:
+        if self._client is None:
+            await self.open()
+        try:
+            request = self.build_request(delivery)
+        except InvalidMessage as exc:
+            return Outcome.permanent(f"refused before sending: {exc}")
+        try:
+            response = await self.client.send(request)
+        except httpx.HTTPError as exc:
+            return outcome_of_transport_error(exc)
+        return self.map_response(response)
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response | Outcome:
+        """One request outside ``send`` (lookups): a transport failure becomes an Outcome."""
+        if self._client is None:
+            await self.open()
+        try:
+            return await self.client.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            return outcome_of_transport_error(exc)
+
+
+# -- the shared tables ---------------------------------------------------------------------
+def outcome_of_transport_error(exc: httpx.HTTPError) -> Outcome:
+    """Whether the request can have reached the server decides transient vs ambiguous."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return Outcome.transient(f"not sent: {text}")
+    if isinstance(exc, (httpx.TimeoutException, httpx.NetworkError,
+                        httpx.RemoteProtocolError)):
+        return Outcome.ambiguous(f"no answer after the request left: {text}")
+    # Anything else (a bad URL, a proxy refusing, a protocol error of ours) happens before
+    # the provider saw a complete request.
+    return Outcome.transient(f"not sent: {text}")
+
+
+def retry_after_of(response: httpx.Response) -> float | None:
+    return parse_retry_after(response.headers.get("retry-after"), datetime.now(UTC))
+
+
+def response_text(response: httpx.Response) -> str:
+    body = response.text[:RESPONSE_LIMIT] if response.content else ""
+    return f"{response.status_code} {body}".strip()
+
+
+def outcome_of_status(response: httpx.Response, provider_message_id: str | None = None
+                      ) -> Outcome:
+    """The default HTTP status table (see the module docstring)."""
+    status = response.status_code
+    text = response_text(response)
+    if 200 <= status < 300:
+        return Outcome.accepted(provider_message_id or message_id_of(response), text)
+    if status == 429:
+        return Outcome.throttled(retry_after_of(response), text)
+    if status in (401, 403, 408, 409):
+        return Outcome.transient(text, retry_after_s=retry_after_of(response))
+    if 400 <= status < 500:
+        return Outcome.permanent(text)
+    if status == 504:
+        return Outcome.ambiguous(text)
+    if status >= 500:
+        return Outcome.transient(text, retry_after_s=retry_after_of(response))
+    # 1xx/3xx where an answer was expected: a misconfigured URL, not the message's fault.
+    return Outcome.transient(text)
+
+
+def json_body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def message_id_of(response: httpx.Response) -> str | None:
+    data = json_body(response)
+    for name in ("id", "message_id", "messageId", "MessageID", "MessageId"):
+        value = data.get(name)
+        if value is not None:
+            return str(value)
+    return None
+
+
+# -- the generic JSON adapter --------------------------------------------------------------
+class JsonHttpProvider(HttpApiProvider):
+    """``http(s)://host/path``: a JSON email API that honours ``Idempotency-Key``."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: Secret | None = None,
+        deduplicates: bool = True,
+        dedup_window: timedelta | None = timedelta(hours=24),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(url, **kwargs)
+        self.token = token
+        self.capabilities = Capabilities(
+            deduplicates_by_key=deduplicates,
+            dedup_window=dedup_window if deduplicates else None,
+        )
+
+    @classmethod
+    def from_url(cls, url: str, **extra: Any) -> JsonHttpProvider:
+        parsed = ProviderURL.parse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigurationError(f"not an http(s):// URL with a host: {parsed.redacted!r}")
+        deduplicates = bool(parsed.flag("dedupe", True))
+        window = parsed.number("dedup_window", 86400.0)
+        kwargs = http_options(parsed)
+        token = secret(parsed.password, HTTP_TOKEN_ENV)
+        parsed.finish()
+        port = f":{parsed.port}" if parsed.port else ""
+        endpoint = f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
+        return cls(endpoint, token=token, deduplicates=deduplicates,
+                   dedup_window=timedelta(seconds=window) if window else None,
+                   **kwargs, **extra)
+
+    def headers(self, delivery: Delivery) -> dict[str, str]:
+        headers = {"Idempotency-Key": delivery.key, "Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token.reveal()}"
+        return headers
+
+    def build_request(self, delivery: Delivery) -> httpx.Request:
+        return self.client.build_request(
+            "POST", self.base_url, json=generic_payload(delivery, self.default_sender),
+            headers=self.headers(delivery),
+        )
+
+
+def generic_payload(delivery: Delivery, default_sender: str | None) -> dict[str, Any]:
+    sender = sender_of(delivery, default_sender)
+    check_delivery(delivery, sender)
+    return {
+        "to": delivery.recipient,
+        "from": sender,
+        "subject": delivery.subject,
+        "text": delivery.text,
+        "html": delivery.html,
+        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
+        "metadata": {**delivery.metadata, "postlane_key": delivery.key,
+                     "postlane_delivery_id": delivery.id},
+        "template_id": delivery.template_id,
+    }
+
+
+def http_options(parsed: ProviderURL) -> dict[str, Any]:
+    """The options every HTTP adapter takes, consumed from ``parsed``."""
+    return {
+        "timeout_s": parsed.number("timeout", 10.0, minimum=0.001),
+        "connect_timeout_s": parsed.number("connect_timeout", 5.0, minimum=0.001),
+        "pool": parsed.integer("pool", 20),
+        "default_sender": parsed.text("from"),
+        "account": parsed.text("account"),
+    }

@@ -1,0 +1,134 @@
+"""Postmark: ``postmark://?message_stream=outbound`` with the server token in
+``POSTLANE_POSTMARK_TOKEN`` (or ``postmark://:TOKEN@``), sent as ``X-Postmark-Server-Token``
+to ``POST https://api.postmarkapp.com/email`` (``base_url=`` overrides the host).
+
+Postmark has no idempotency key and no lookup by our key: an ambiguous send is held for an
+operator or resent, as the lane says. The key travels as the ``X-Postlane-Key`` header and
+in ``Metadata`` so Postmark's webhooks can be joined back.
+
+Errors come as HTTP 422 (or another status) with ``{"ErrorCode": n, "Message": "..."}``;
+the code decides. The table follows Postmark's public API documentation as we know it;
+codes not in it fall back to the HTTP status table of ``postlane.providers.http``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.errors import ConfigurationError
+from postlane.providers.http import (
+    HttpApiProvider,
+    http_options,
+    json_body,
+    outcome_of_status,
+    response_text,
+)
+from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.options import ProviderURL, Secret, secret
+
+POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
+POSTMARK_API = "https://api.postmarkapp.com"
+
+ERROR_CODES: dict[int, tuple[OutcomeClass, str]] = {
+    10: (OutcomeClass.TRANSIENT, "bad or missing server token (the account, not the message)"),
+    100: (OutcomeClass.TRANSIENT, "maintenance"),
+    300: (OutcomeClass.PERMANENT, "invalid email request"),
+    400: (OutcomeClass.PERMANENT, "sender signature not found"),
+    401: (OutcomeClass.PERMANENT, "sender signature not confirmed"),
+    402: (OutcomeClass.PERMANENT, "invalid JSON"),
+    403: (OutcomeClass.PERMANENT, "incompatible JSON"),
+    405: (OutcomeClass.THROTTLED, "not allowed to send: the account is out of credits"),
+    406: (OutcomeClass.PERMANENT, "inactive recipient (bounced, complained or suppressed)"),
+    409: (OutcomeClass.PERMANENT, "JSON required"),
+    410: (OutcomeClass.PERMANENT, "too many batch messages"),
+    411: (OutcomeClass.PERMANENT, "forbidden attachment type"),
+    412: (OutcomeClass.PERMANENT, "account pending approval: recipient outside its domain"),
+}
+"""Postmark ``ErrorCode`` -> outcome class. An account-wide stop (405: no credits) is
+*throttled* with ``account_retry_after`` so nothing is dead-lettered and no attempt spent."""
+
+
+class PostmarkProvider(HttpApiProvider):
+    name = "postmark"
+
+    def __init__(self, token: Secret | None, *, base_url: str = POSTMARK_API,
+                 message_stream: str | None = None, account_retry_after_s: float = 60.0,
+                 **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self.token = token
+        self.message_stream = message_stream
+        self.account_retry_after_s = account_retry_after_s
+
+    @classmethod
+    def from_url(cls, url: str, **extra: Any) -> PostmarkProvider:
+        parsed = ProviderURL.parse(url)
+        if parsed.scheme != "postmark":
+            raise ConfigurationError(f"not a postmark:// URL: {parsed.redacted!r}")
+        token = secret(parsed.password, POSTMARK_TOKEN_ENV)
+        if token is None:
+            raise ConfigurationError(f"postmark:// needs a server token: set {POSTMARK_TOKEN_ENV}")
+        provider = cls(
+            token,
+            base_url=parsed.text("base_url", POSTMARK_API) or POSTMARK_API,
+            message_stream=parsed.text("message_stream"),
+            account_retry_after_s=parsed.number("account_retry_after", 60.0),
+            **http_options(parsed), **extra,
+        )
+        parsed.finish()
+        return provider
+
+    @property
+    def account(self) -> str:
+        return self._account or "postmark"
+
+    def build_request(self, delivery: Delivery) -> httpx.Request:
+        sender = sender_of(delivery, self.default_sender)
+        check_delivery(delivery, sender)
+        body: dict[str, Any] = {
+            "From": sender,
+            "To": delivery.recipient,
+            "Subject": delivery.subject,
+            "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
+            + [{"Name": KEY_HEADER, "Value": delivery.key}],
+            "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+                         "postlane_key": delivery.key,
+                         "postlane_delivery_id": str(delivery.id)},
+        }
+        if delivery.text is not None:
+            body["TextBody"] = delivery.text
+        if delivery.html is not None:
+            body["HtmlBody"] = delivery.html
+        if self.message_stream:
+            body["MessageStream"] = self.message_stream
+        headers = {"Accept": "application/json",
+                   "X-Postmark-Server-Token": self.token.reveal() if self.token else ""}
+        return self.client.build_request("POST", f"{self.base_url}/email", json=body,
+                                         headers=headers)
+
+    def map_response(self, response: httpx.Response) -> Outcome:
+        return postmark_outcome(response, self.account_retry_after_s)
+
+
+def postmark_outcome(response: httpx.Response, account_retry_after_s: float = 60.0) -> Outcome:
+    data = json_body(response)
+    code = data.get("ErrorCode")
+    text = response_text(response)
+    if response.status_code == 200 and code in (0, None):
+        message_id = data.get("MessageID")
+        return Outcome.accepted(str(message_id) if message_id else None, text)
+    if response.status_code in (429, 500, 502, 503, 504) or not isinstance(code, int):
+        return outcome_of_status(response)
+    known = ERROR_CODES.get(code)
+    if known is None:
+        return outcome_of_status(response)
+    kind = known[0]
+    text = f"{text} [{known[1]}]"
+    if kind is OutcomeClass.THROTTLED:
+        return Outcome.throttled(account_retry_after_s, text)
+    if kind is OutcomeClass.TRANSIENT:
+        return Outcome.transient(text)
+    return Outcome.permanent(text)

@@ -1,0 +1,108 @@
+"""The sandbox over HTTP: ``SandboxEngine`` served by FastAPI and uvicorn (``postlane sandbox``).
+
+    POST /v1/messages          JSON {to, from, subject, text, html, headers, metadata,
+                               template_id} with an Idempotency-Key header.
+                               200 {id} | 429 + Retry-After | 503 | 400 | 404.
+                               Accept-then-timeout: the message is recorded as accepted,
+                               then the answer waits ``timeout_delay_s`` before it is sent.
+    GET  /v1/messages/{key}    200 {id, key} if the key was accepted, else 404.
+    GET  /sandbox/stats        the engine's counters, ``accepted_keys`` and ``by_second``.
+
+Retry-After is sent in seconds with up to three decimals (the rate limit's window ends
+within the second); ``postlane.core.policy.parse_retry_after`` reads both that and dates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from postlane.providers.sandbox import SandboxConfig, SandboxEngine
+
+
+def create_app(engine: SandboxEngine) -> FastAPI:
+    """The HTTP face of ``engine``; its config's ``timeout_delay_s`` and ``latency_s`` apply."""
+    app = FastAPI(title="Postlane sandbox", docs_url=None, redoc_url=None)
+    config = engine.config
+
+    @app.post("/v1/messages")
+    async def post_message(request: Request) -> JSONResponse:
+        key = request.headers.get("idempotency-key", "").strip()
+        if not key:
+            return JSONResponse({"error": "the Idempotency-Key header is required"}, 400)
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return JSONResponse({"error": "the body is not JSON"}, 400)
+        if not isinstance(body, dict) or not isinstance(body.get("to"), str):
+            return JSONResponse({"error": "the body needs a 'to' address"}, 400)
+        template = body.get("template_id")
+        if config.latency_s:
+            await asyncio.sleep(config.latency_s)
+        answer = engine.submit(key, body["to"], template if isinstance(template, str) else None)
+        headers = {}
+        if answer.retry_after_s is not None:
+            headers["Retry-After"] = format_retry_after(answer.retry_after_s)
+        if answer.hang:
+            await asyncio.sleep(config.timeout_delay_s)
+        return JSONResponse(answer.body, answer.status, headers=headers)
+
+    @app.get("/v1/messages/{key:path}")
+    async def get_message(key: str) -> JSONResponse:
+        found = engine.lookup(key)
+        if found is None:
+            return JSONResponse({"error": "unknown key"}, 404)
+        return JSONResponse({"id": found, "key": key})
+
+    @app.get("/sandbox/stats")
+    async def stats() -> dict[str, Any]:
+        return engine.stats.as_json(engine.accepted_keys())
+
+    return app
+
+
+def format_retry_after(seconds: float) -> str:
+    if seconds == int(seconds):
+        return str(int(seconds))
+    return f"{seconds:.3f}"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (``port=0``: any free port), so the address is known up front."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def listen_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+async def serve(config: SandboxConfig, sock: socket.socket, *,
+                on_ready: Callable[[str], None] | None = None) -> SandboxEngine:
+    """Serve until SIGINT/SIGTERM; returns the engine (its stats) when stopped."""
+    engine = SandboxEngine(config)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(engine), log_level="warning", access_log=False, lifespan="off",
+        timeout_graceful_shutdown=1, timeout_keep_alive=30,
+    ))
+    if on_ready is not None:
+        on_ready(listen_url(sock))
+    await server.serve(sockets=[sock])
+    return engine

@@ -1,0 +1,264 @@
+"""Amazon SES v2 ``SendEmail`` through boto3, in a thread pool of its own:
+``ses://eu-west-1?configuration_set=X&from=noreply@example.com`` (``endpoint_url=`` for a
+local server such as moto). Credentials: ``ses://KEY_ID:SECRET@region`` or boto3's usual
+chain (``AWS_ACCESS_KEY_ID``..., a profile, an instance role).
+
+The message goes as Raw MIME built by ``postlane.providers.mime``, so it carries the same
+deterministic ``Message-ID`` and ``X-Postlane-Key`` header as over SMTP. The configuration
+set (for SES event publishing) and two EmailTags -- ``postlane_delivery_id`` and
+``postlane_key_sha256`` (tag values allow only ``[A-Za-z0-9_-]``, so the key goes hashed) --
+let SES events be joined back to the delivery.
+
+botocore's own retries are switched off: a retry after a read timeout would send a second
+copy, and SES has no idempotency key. The worker's policy decides every retry.
+
+Mapping (error code first, then HTTP status):
+
+    TooManyRequestsException, Throttling(Exception)      throttled
+    LimitExceededException (a sending quota)             throttled, account_retry_after
+    SendingPausedException, AccountSendingPaused...,
+    ConfigurationSetSendingPausedException               throttled, account_retry_after
+    AccountSuspendedException, credential errors         transient (the breaker pauses)
+    MessageRejected, MailFromDomainNotVerifiedException,
+    BadRequestException, NotFoundException, other 4xx   permanent
+    5xx (InternalServiceError, ServiceUnavailable...)    transient
+    connect timeout, connection refused, TLS failure     transient (never left)
+    read timeout, connection closed mid-exchange         ambiguous
+
+Sending paused is an account state, not a verdict on the message: retrying later may work,
+and dead-lettering every queued message for it would empty the queue. It is *throttled*
+(no attempt spent) with ``account_retry_after`` seconds (default 60), which also closes the
+shared rate-limit gate for the account, so the fleet asks SES again about once a minute
+instead of once per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    ParamValidationError,
+    PartialCredentialsError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.errors import ConfigurationError, InvalidMessage
+from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import build_email, key_digest, sender_of
+from postlane.providers.options import ProviderURL, Secret
+
+if TYPE_CHECKING:
+    from mypy_boto3_sesv2 import SESV2Client
+else:
+    SESV2Client = Any
+
+ERROR_CODES: dict[str, OutcomeClass] = {
+    "TooManyRequestsException": OutcomeClass.THROTTLED,
+    "Throttling": OutcomeClass.THROTTLED,
+    "ThrottlingException": OutcomeClass.THROTTLED,
+    "LimitExceededException": OutcomeClass.THROTTLED,
+    "SendingPausedException": OutcomeClass.THROTTLED,
+    "AccountSendingPausedException": OutcomeClass.THROTTLED,
+    "ConfigurationSetSendingPausedException": OutcomeClass.THROTTLED,
+    "AccountSuspendedException": OutcomeClass.TRANSIENT,
+    "AccessDeniedException": OutcomeClass.TRANSIENT,
+    "UnrecognizedClientException": OutcomeClass.TRANSIENT,
+    "InvalidClientTokenId": OutcomeClass.TRANSIENT,
+    "SignatureDoesNotMatch": OutcomeClass.TRANSIENT,
+    "ExpiredToken": OutcomeClass.TRANSIENT,
+    "ExpiredTokenException": OutcomeClass.TRANSIENT,
+    "MessageRejected": OutcomeClass.PERMANENT,
+    "MailFromDomainNotVerifiedException": OutcomeClass.PERMANENT,
+    "BadRequestException": OutcomeClass.PERMANENT,
+    "NotFoundException": OutcomeClass.PERMANENT,
+    "InvalidParameterValue": OutcomeClass.PERMANENT,
+}
+_ACCOUNT_STOPS = frozenset({
+    "LimitExceededException", "SendingPausedException", "AccountSendingPausedException",
+    "ConfigurationSetSendingPausedException",
+})
+
+
+@dataclass(frozen=True)
+class SESConfig:
+    region: str
+    endpoint_url: str | None = None
+    configuration_set: str | None = None
+    default_sender: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: Secret | None = None
+    pool: int = 10
+    timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    account_retry_after_s: float = 60.0
+    account: str | None = None
+
+    def __repr__(self) -> str:
+        return (f"SESConfig(region={self.region!r}, endpoint_url={self.endpoint_url!r}, "
+                f"configuration_set={self.configuration_set!r}, pool={self.pool})")
+
+    @classmethod
+    def from_url(cls, url: str) -> SESConfig:
+        parsed = ProviderURL.parse(url)
+        if parsed.scheme != "ses":
+            raise ConfigurationError(f"not an ses:// URL: {parsed.redacted!r}")
+        region = (parsed.host or os.environ.get("AWS_REGION")
+                  or os.environ.get("AWS_DEFAULT_REGION"))
+        if not region:
+            raise ConfigurationError("ses:// needs a region: ses://eu-west-1 (or AWS_REGION)")
+        if parsed.username and not parsed.password:
+            raise ConfigurationError("ses://KEY_ID:SECRET@region needs both parts")
+        config = cls(
+            region=region,
+            endpoint_url=parsed.text("endpoint_url"),
+            configuration_set=parsed.text("configuration_set"),
+            default_sender=parsed.text("from"),
+            access_key_id=parsed.username,
+            secret_access_key=Secret(parsed.password) if parsed.password else None,
+            pool=parsed.integer("pool", 10),
+            timeout_s=parsed.number("timeout", 10.0, minimum=0.001),
+            connect_timeout_s=parsed.number("connect_timeout", 5.0, minimum=0.001),
+            account_retry_after_s=parsed.number("account_retry_after", 60.0),
+            account=parsed.text("account"),
+        )
+        parsed.finish()
+        return config
+
+
+class SESProvider(Provider):
+    name = "ses"
+    capabilities = Capabilities()  # no idempotency key, no lookup by our key
+
+    def __init__(self, config: SESConfig, *, client: SESV2Client | None = None) -> None:
+        self.config = config
+        self._client = client
+        self._executor: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> SESProvider:
+        return cls(SESConfig.from_url(url))
+
+    def __repr__(self) -> str:
+        return f"SESProvider({self.config!r})"
+
+    @property
+    def account(self) -> str:
+        return self.config.account or f"ses:{self.config.region}"
+
+    async def open(self) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.config.pool,
+                                                thread_name_prefix="postlane-ses")
+        if self._client is None:
+            self._client = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._make_client)
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def _make_client(self) -> SESV2Client:
+        config = self.config
+        session = boto3.session.Session(
+            aws_access_key_id=config.access_key_id,
+            aws_secret_access_key=(config.secret_access_key.reveal()
+                                   if config.secret_access_key else None),
+            region_name=config.region,
+        )
+        return session.client(
+            "sesv2",
+            endpoint_url=config.endpoint_url,
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                connect_timeout=config.connect_timeout_s,
+                read_timeout=config.timeout_s,
+                max_pool_connections=config.pool,
+            ),
+        )
+
+    def request_of(self, delivery: Delivery) -> dict[str, Any]:
+        """The ``SendEmail`` arguments; raises ``InvalidMessage`` for what cannot be sent."""
+        sender = sender_of(delivery, self.config.default_sender)
+        raw = build_email(delivery, sender).as_bytes()
+        request: dict[str, Any] = {
+            "FromEmailAddress": sender,
+            "Destination": {"ToAddresses": [delivery.recipient]},
+            "Content": {"Raw": {"Data": raw}},
+            "EmailTags": [
+                {"Name": "postlane_delivery_id", "Value": str(delivery.id)},
+                {"Name": "postlane_key_sha256", "Value": key_digest(delivery.key)},
+            ],
+        }
+        if self.config.configuration_set:
+            request["ConfigurationSetName"] = self.config.configuration_set
+        return request
+
+    async def send(self, delivery: Delivery) -> Outcome:
+        try:
+            request = self.request_of(delivery)
+        except InvalidMessage as exc:
+            return Outcome.permanent(f"refused before sending: {exc}")
+        if self._client is None or self._executor is None:
+            await self.open()
+        assert self._client is not None
+        call = partial(self._client.send_email, **request)
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+        except ClientError as exc:
+            return outcome_of_client_error(exc, self.config.account_retry_after_s)
+        except BotoCoreError as exc:
+            return outcome_of_botocore_error(exc)
+        message_id = answer.get("MessageId")
+        return Outcome.accepted(message_id, f"MessageId {message_id}")
+
+
+def outcome_of_client_error(exc: ClientError, account_retry_after_s: float = 60.0) -> Outcome:
+    """SES answered with an error: its code decides, then its HTTP status."""
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    text = f"{status} {code}: {error.get('Message', '')}".strip()
+    kind = ERROR_CODES.get(code)
+    if kind is None:
+        if status == 429:
+            kind = OutcomeClass.THROTTLED
+        elif status == 504:
+            kind = OutcomeClass.AMBIGUOUS
+        elif status >= 500 or status == 0:
+            kind = OutcomeClass.TRANSIENT
+        else:
+            kind = OutcomeClass.PERMANENT
+    if kind is OutcomeClass.THROTTLED:
+        wait = account_retry_after_s if code in _ACCOUNT_STOPS else None
+        return Outcome.throttled(wait, text)
+    return Outcome(kind, response=text)
+
+
+def outcome_of_botocore_error(exc: BotoCoreError) -> Outcome:
+    """No answer from SES: did the request leave?"""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, BotoConnectionError):  # connect timeout, refused, TLS, proxy
+        return Outcome.transient(f"not sent: {text}")
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return Outcome.transient(f"not sent: {text}")
+    if isinstance(exc, ParamValidationError):
+        return Outcome.permanent(f"refused before sending: {text}")
+    if isinstance(exc, HTTPClientError):  # read timeout, connection closed mid-exchange
+        return Outcome.ambiguous(f"no answer after the request left: {text}")
+    return Outcome.ambiguous(f"unexpected failure around the request: {text}")

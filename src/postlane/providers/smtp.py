@@ -1,0 +1,341 @@
+"""SMTP to any server: ``smtp://user:pass@host:587?starttls=1&pool=4``, ``smtps://...``.
+
+One delivery is one transaction with one recipient (MAIL, RCPT, DATA), over a connection
+taken from a small pool and returned for the next transaction when it ended cleanly.
+
+Mapping (the phase matters more than the code: SMTP tells us where we are):
+
+    connect, TLS, EHLO, AUTH fail; refused; dropped before MAIL   transient
+    421, 450, 451, 452 (and any 4xx) at MAIL, RCPT, DATA, or "."   transient
+    550-554 (and any 5xx) at MAIL, RCPT, DATA, or "."              permanent
+    a rejected RCPT (one recipient per delivery, so: the message)  permanent
+    connection lost or timeout during DATA / after the final "."  ambiguous
+    250 after the final "."                                        accepted
+
+A drop inside DATA is counted as ambiguous even when it came before the 354, because the
+client library does not say which half of DATA failed: this over-reports ambiguity in a
+rare case and never under-reports it.
+
+Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered),
+``tls_verify=0``, ``ca_file=PATH``, ``pool=4`` (connections), ``timeout=10`` (seconds per
+command), ``max_per_connection=100``, ``idle_timeout=30``, ``helo=NAME``, ``from=ADDR``
+(default sender), ``account=NAME``. Credentials: in the URL, else
+``POSTLANE_SMTP_USERNAME`` / ``POSTLANE_SMTP_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+
+import aiosmtplib
+from aiosmtplib import (
+    SMTPAuthenticationError,
+    SMTPDataError,
+    SMTPException,
+    SMTPRecipientRefused,
+    SMTPResponseException,
+    SMTPSenderRefused,
+    SMTPServerDisconnected,
+    SMTPTimeoutError,
+)
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome
+from postlane.errors import ConfigurationError, InvalidMessage
+from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import build_email, message_id, sender_of
+from postlane.providers.options import ProviderURL, Secret, secret
+
+USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
+PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
+
+
+@dataclass(frozen=True)
+class SMTPConfig:
+    host: str
+    port: int
+    use_tls: bool = False
+    starttls: bool | None = None
+    tls_verify: bool = True
+    ca_file: str | None = None
+    username: str | None = None
+    password: Secret | None = None
+    pool: int = 4
+    timeout_s: float = 10.0
+    max_per_connection: int = 100
+    idle_timeout_s: float = 30.0
+    helo: str | None = None
+    default_sender: str | None = None
+    account: str | None = None
+
+    def __repr__(self) -> str:  # the password is a Secret already; keep the repr short
+        user = f"{self.username}@" if self.username else ""
+        scheme = "smtps" if self.use_tls else "smtp"
+        return f"SMTPConfig({scheme}://{user}{self.host}:{self.port}, pool={self.pool})"
+
+    @classmethod
+    def from_url(cls, url: str) -> SMTPConfig:
+        parsed = ProviderURL.parse(url)
+        if parsed.scheme not in ("smtp", "smtps"):
+            raise ConfigurationError(f"not an SMTP URL: {parsed.redacted!r}")
+        if not parsed.host:
+            raise ConfigurationError(f"SMTP URL needs a host: {parsed.redacted!r}")
+        use_tls = parsed.scheme == "smtps"
+        starttls = parsed.flag("starttls", None)
+        if use_tls and starttls:
+            raise ConfigurationError("smtps:// is TLS from the start; starttls=1 is for smtp://")
+        username = parsed.username or os.environ.get(USERNAME_ENV) or None
+        config = cls(
+            host=parsed.host,
+            port=parsed.port or (465 if use_tls else 587 if starttls else 25),
+            use_tls=use_tls,
+            starttls=False if use_tls else starttls,
+            tls_verify=bool(parsed.flag("tls_verify", True)),
+            ca_file=parsed.text("ca_file"),
+            username=username,
+            password=secret(parsed.password, PASSWORD_ENV) if username else None,
+            pool=parsed.integer("pool", 4),
+            timeout_s=parsed.number("timeout", 10.0, minimum=0.001),
+            max_per_connection=parsed.integer("max_per_connection", 100),
+            idle_timeout_s=parsed.number("idle_timeout", 30.0),
+            helo=parsed.text("helo"),
+            default_sender=parsed.text("from"),
+            account=parsed.text("account"),
+        )
+        parsed.finish()
+        return config
+
+
+class _Connection:
+    """One pooled SMTP session and what the pool needs to know about it."""
+
+    __slots__ = ("client", "last_used", "reused", "sent")
+
+    def __init__(self, client: aiosmtplib.SMTP) -> None:
+        self.client = client
+        self.sent = 0
+        self.last_used = time.monotonic()
+        self.reused = False
+
+
+class _Phase(Exception):
+    """An SMTP failure tagged with the phase it happened in (internal)."""
+
+    def __init__(self, phase: str, error: BaseException) -> None:
+        super().__init__(phase)
+        self.phase = phase
+        self.error = error
+
+
+class SMTPProvider(Provider):
+    """Sends over SMTP with a bounded pool of reused connections."""
+
+    name = "smtp"
+    capabilities = Capabilities()  # SMTP has no idempotency and no lookup
+
+    def __init__(self, config: SMTPConfig) -> None:
+        self.config = config
+        self._slots = asyncio.Semaphore(config.pool)
+        self._idle: list[_Connection] = []
+        self._local_hostname = config.helo
+        self._closed = False
+        self.connections_opened = 0
+        """How many connections this provider opened (reuse keeps it low)."""
+
+    @classmethod
+    def from_url(cls, url: str) -> SMTPProvider:
+        return cls(SMTPConfig.from_url(url))
+
+    def __repr__(self) -> str:
+        return f"SMTPProvider({self.config!r})"
+
+    @property
+    def account(self) -> str:
+        return self.config.account or f"smtp:{self.config.host}:{self.config.port}"
+
+    async def open(self) -> None:
+        self._closed = False
+        if self._local_hostname is None:
+            self._local_hostname = await asyncio.to_thread(socket.getfqdn)
+
+    async def close(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await _quit(conn.client)
+
+    # -- sending ---------------------------------------------------------------------------
+    async def send(self, delivery: Delivery) -> Outcome:
+        try:
+            sender = sender_of(delivery, self.config.default_sender)
+            data = build_email(delivery, sender).as_bytes()
+        except InvalidMessage as exc:
+            return Outcome.permanent(f"refused before sending: {exc}")
+        msg_id = message_id(delivery.key, sender)
+        async with self._slots:
+            # A pooled connection may have been closed by the server while idle: that shows
+            # at MAIL, before anything was handed over, so one fresh connection is tried.
+            for attempt in range(2):
+                try:
+                    conn = await self._checkout()
+                except (SMTPException, OSError) as exc:
+                    return Outcome.transient(f"connect failed: {_describe(exc)}")
+                try:
+                    reply = await self._transaction(conn, sender, delivery.recipient, data)
+                except _Phase as failure:
+                    await self._after_failure(conn, failure)
+                    if (failure.phase == "mail" and conn.reused and attempt == 0
+                            and isinstance(failure.error, SMTPServerDisconnected)):
+                        continue
+                    return _outcome_of_failure(failure)
+                except BaseException:  # cancelled mid-transaction: the session is unusable
+                    _abort(conn.client)
+                    raise
+                self._checkin(conn)
+                return Outcome.accepted(msg_id, f"{reply.code} {reply.message}")
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _transaction(self, conn: _Connection, sender: str, recipient: str,
+                           data: bytes) -> aiosmtplib.SMTPResponse:
+        client = conn.client
+        try:
+            await client.mail(sender)
+        except (SMTPException, OSError) as exc:
+            raise _Phase("mail", exc) from None
+        try:
+            await client.rcpt(recipient)
+        except (SMTPException, OSError) as exc:
+            raise _Phase("rcpt", exc) from None
+        try:
+            reply = await client.data(data)
+        except (SMTPException, OSError) as exc:
+            raise _Phase("data", exc) from None
+        conn.sent += 1
+        return reply
+
+    # -- the pool --------------------------------------------------------------------------
+    async def _checkout(self) -> _Connection:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.client.is_connected and now - conn.last_used < self.config.idle_timeout_s:
+                conn.reused = True
+                return conn
+            await _quit(conn.client)
+        client = aiosmtplib.SMTP(
+            hostname=self.config.host,
+            port=self.config.port,
+            username=self.config.username,
+            password=self.config.password.reveal() if self.config.password else None,
+            local_hostname=self._local_hostname or "localhost",
+            timeout=self.config.timeout_s,
+            use_tls=self.config.use_tls,
+            start_tls=self.config.starttls,
+            validate_certs=self.config.tls_verify,
+            cert_bundle=self.config.ca_file,
+        )
+        try:
+            await client.connect()
+        except BaseException:
+            _abort(client)
+            raise
+        self.connections_opened += 1
+        return _Connection(client)
+
+    def _checkin(self, conn: _Connection) -> None:
+        conn.last_used = time.monotonic()
+        if (self._closed or not conn.client.is_connected
+                or conn.sent >= self.config.max_per_connection):
+            _schedule_quit(conn.client)
+            return
+        self._idle.append(conn)
+
+    async def _after_failure(self, conn: _Connection, failure: _Phase) -> None:
+        """After a refused MAIL or RCPT the session is good again once reset; after a drop,
+        a timeout, a 421 or anything in DATA it is not, and it is closed."""
+        error = failure.error
+        answered = isinstance(error, SMTPResponseException) and error.code != 421
+        if answered and failure.phase in ("mail", "rcpt") and conn.client.is_connected:
+            try:
+                await conn.client.rset()
+            except (SMTPException, OSError):
+                _abort(conn.client)
+                return
+            except BaseException:
+                _abort(conn.client)
+                raise
+            self._checkin(conn)
+        else:
+            _abort(conn.client)
+
+
+def _outcome_of_failure(failure: _Phase) -> Outcome:
+    error = failure.error
+    phase = failure.phase
+    if isinstance(error, SMTPResponseException) and not isinstance(error, SMTPTimeoutError):
+        return outcome_of_reply(error.code, error.message, phase)
+    text = f"{phase}: {_describe(error)}"
+    if phase == "data":
+        return Outcome.ambiguous(f"connection lost or timed out in DATA ({text})")
+    return Outcome.transient(text)
+
+
+def outcome_of_reply(code: int, message: str, phase: str) -> Outcome:
+    """The SMTP reply table: a refusal's class depends on its first digit."""
+    response = f"{phase}: {code} {message}".strip()
+    if 400 <= code < 500:
+        return Outcome.transient(response)
+    if 500 <= code < 600:
+        return Outcome.permanent(response)
+    # An answer outside 4xx/5xx where a 2xx/3xx was expected: the server is confused.
+    if phase == "data":
+        return Outcome.ambiguous(response)
+    return Outcome.transient(response)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SMTPAuthenticationError):
+        return f"authentication failed ({exc.code})"
+    if isinstance(exc, (SMTPRecipientRefused, SMTPSenderRefused, SMTPDataError)):
+        return f"{exc.code} {exc.message}"
+    if isinstance(exc, SMTPTimeoutError):
+        return "timed out"
+    if isinstance(exc, SMTPServerDisconnected):
+        return "connection lost"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS error: {exc.reason or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _abort(client: aiosmtplib.SMTP) -> None:
+    # Closing a broken transport must not turn into a handler error.
+    with contextlib.suppress(Exception):
+        client.close()
+
+
+async def _quit(client: aiosmtplib.SMTP) -> None:
+    if not client.is_connected:
+        _abort(client)
+        return
+    try:
+        async with asyncio.timeout(1.0):
+            await client.quit()
+    except (SMTPException, OSError, TimeoutError):
+        pass
+    finally:
+        _abort(client)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _schedule_quit(client: aiosmtplib.SMTP) -> None:
+    task = asyncio.ensure_future(_quit(client))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
