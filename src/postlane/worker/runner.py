@@ -281,6 +281,7 @@ class Worker:
             outcome = Outcome.ambiguous("cancelled at shutdown while in flight")
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
+            decision.detail["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)
             self._report(delivery, decision, release=True)
             return
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
