@@ -1,0 +1,467 @@
+"""One mapping table per adapter: a provider's answer (or its absence) -> an outcome class.
+
+No sockets: HTTP adapters run over ``httpx.MockTransport``, SES over botocore's ``Stubber``,
+and SMTP's table is the pure function the adapter uses. An adapter never raises for a
+provider's answer, so every row here is a returned ``Outcome``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from aiosmtplib import (
+    SMTPDataError,
+    SMTPReadTimeoutError,
+    SMTPRecipientRefused,
+    SMTPSenderRefused,
+    SMTPServerDisconnected,
+)
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
+from botocore.stub import ANY, Stubber
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.states import State
+from postlane.providers.http import HttpApiProvider, JsonHttpProvider
+from postlane.providers.mime import key_digest
+from postlane.providers.postmark import PostmarkProvider
+from postlane.providers.resend import ResendProvider
+from postlane.providers.sandbox_client import SandboxHttpProvider
+from postlane.providers.ses import SESConfig, SESProvider, outcome_of_botocore_error
+from postlane.providers.smtp import _outcome_of_failure, _Phase, outcome_of_reply
+
+A, T, X, P, Y = (OutcomeClass.ACCEPTED, OutcomeClass.THROTTLED, OutcomeClass.TRANSIENT,
+                 OutcomeClass.PERMANENT, OutcomeClass.AMBIGUOUS)
+
+
+def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    fields: dict[str, Any] = dict(
+        id=42, key=key, lane="interactive", channel="email", recipient="bob@example.com",
+        sender="alice@example.org", subject="Reset your password", text="Follow the link.\n",
+        html=None, headers={}, metadata={}, import_id=None, template_id=None,
+        template_version=None, state=State.SENDING, attempts=0, claims=1, run_at=now,
+        expires_at=None, lease_owner="w", lease_expires_at=None, attempt_started_at=now,
+        provider_message_id=None, dead_reason=None, last_error=None, created_at=now,
+        updated_at=now, sent_at=None, finished_at=None,
+    )
+    fields.update(changes)
+    return Delivery(**fields)
+
+
+# == SMTP =================================================================================
+@pytest.mark.parametrize(("code", "phase", "kind"), [
+    (421, "mail", X), (450, "rcpt", X), (451, "rcpt", X), (452, "rcpt", X), (451, "data", X),
+    (550, "rcpt", P), (551, "rcpt", P), (552, "data", P), (553, "mail", P), (554, "data", P),
+    (500, "mail", P), (-1, "mail", X), (-1, "data", Y),
+])
+def test_smtp_reply_table(code: int, phase: str, kind: OutcomeClass) -> None:
+    outcome = outcome_of_reply(code, "text", phase)
+    assert outcome.kind is kind
+    assert str(code) in (outcome.response or "")
+
+
+@pytest.mark.parametrize(("phase", "error", "kind"), [
+    ("mail", SMTPServerDisconnected("Connection lost"), X),
+    ("mail", SMTPSenderRefused(451, "try later", "a@b.c"), X),
+    ("mail", SMTPSenderRefused(553, "no", "a@b.c"), P),
+    ("rcpt", SMTPRecipientRefused(550, "no such user", "bob@example.com"), P),
+    ("rcpt", SMTPRecipientRefused(450, "greylisted", "bob@example.com"), X),
+    ("rcpt", SMTPReadTimeoutError("timed out"), X),
+    ("rcpt", ConnectionResetError("reset"), X),
+    ("data", SMTPDataError(451, "local error"), X),
+    ("data", SMTPDataError(554, "rejected"), P),
+    ("data", SMTPServerDisconnected("Connection lost"), Y),
+    ("data", SMTPReadTimeoutError("timed out"), Y),
+    ("data", ConnectionResetError("reset"), Y),
+])
+def test_smtp_failure_table(phase: str, error: BaseException, kind: OutcomeClass) -> None:
+    assert _outcome_of_failure(_Phase(phase, error)).kind is kind
+
+
+# == HTTP: the generic JSON adapter =======================================================
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+async def run_http(provider_cls: type[HttpApiProvider], handler: Handler,
+                   item: Delivery | None = None, **kwargs: Any) -> tuple[Outcome, list[Any]]:
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    provider = provider_cls(transport=httpx.MockTransport(record), **kwargs)
+    await provider.open()
+    try:
+        outcome = await provider.send(item or delivery())
+    finally:
+        await provider.close()
+    return outcome, seen
+
+
+def answer(status: int, body: Any = None, **headers: str) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        content = json.dumps(body).encode() if body is not None else b""
+        return httpx.Response(status, content=content, headers=headers)
+    return handler
+
+
+def fail(exc: Exception) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+    return handler
+
+
+def http_date(seconds_from_now: int) -> str:
+    return format_datetime(datetime.now(UTC) + timedelta(seconds=seconds_from_now), usegmt=True)
+
+
+GENERIC = {"url": "https://api.example.test/v1/send"}
+
+
+@pytest.mark.parametrize(("handler", "kind", "retry_after"), [
+    (answer(200, {"id": "m-1"}), A, None),
+    (answer(202, {"message_id": "m-2"}), A, None),
+    (answer(429, {"error": "slow"}, **{"Retry-After": "7"}), T, 7.0),
+    (answer(429, {"error": "slow"}), T, None),
+    (answer(400, {"error": "bad address"}), P, None),
+    (answer(404, {"error": "no template"}), P, None),
+    (answer(413), P, None),
+    (answer(422, {"error": "invalid"}), P, None),
+    (answer(401, {"error": "bad token"}), X, None),
+    (answer(403, {"error": "forbidden"}), X, None),
+    (answer(408), X, None),
+    (answer(409, {"error": "same key in progress"}), X, None),
+    (answer(500), X, None),
+    (answer(502), X, None),
+    (answer(503, None, **{"Retry-After": "3"}), X, 3.0),
+    (answer(504), Y, None),
+    (answer(302, None, Location="https://elsewhere.test/"), X, None),
+    (fail(httpx.ConnectError("refused")), X, None),
+    (fail(httpx.ConnectTimeout("connect timeout")), X, None),
+    (fail(httpx.PoolTimeout("no connection free")), X, None),
+    (fail(httpx.ReadTimeout("read timeout")), Y, None),
+    (fail(httpx.WriteTimeout("write timeout")), Y, None),
+    (fail(httpx.ReadError("reset by peer")), Y, None),
+    (fail(httpx.RemoteProtocolError("server disconnected")), Y, None),
+])
+async def test_generic_http_table(handler: Handler, kind: OutcomeClass,
+                                  retry_after: float | None) -> None:
+    outcome, _ = await run_http(JsonHttpProvider, handler, **GENERIC)
+    assert outcome.kind is kind
+    assert outcome.retry_after_s == retry_after
+
+
+async def test_generic_http_retry_after_as_http_date() -> None:
+    outcome, _ = await run_http(
+        JsonHttpProvider, answer(429, None, **{"Retry-After": http_date(30)}), **GENERIC)
+    assert outcome.kind is T
+    assert outcome.retry_after_s is not None and 25 <= outcome.retry_after_s <= 30
+
+
+async def test_generic_http_request_shape() -> None:
+    from postlane.providers.options import Secret
+
+    outcome, seen = await run_http(
+        JsonHttpProvider, answer(200, {"id": "m-1"}),
+        delivery(headers={"Reply-To": "help@example.org"}, metadata={"user": 7}),
+        token=Secret("tok-123"), **GENERIC)
+    assert outcome == Outcome.accepted("m-1", '200 {"id": "m-1"}')
+    (request,) = seen
+    assert request.method == "POST" and str(request.url) == GENERIC["url"]
+    assert request.headers["Idempotency-Key"] == "reset:42"
+    assert request.headers["Authorization"] == "Bearer tok-123"
+    body = json.loads(request.content)
+    assert body["to"] == "bob@example.com" and body["from"] == "alice@example.org"
+    assert body["subject"] == "Reset your password" and body["text"] == "Follow the link.\n"
+    assert body["headers"] == {"Reply-To": "help@example.org", "X-Postlane-Key": "reset:42"}
+    assert body["metadata"] == {"user": 7, "postlane_key": "reset:42",
+                                "postlane_delivery_id": 42}
+
+
+# == Postmark =============================================================================
+PM = {"token": None, "base_url": "https://pm.example.test"}
+
+
+@pytest.mark.parametrize(("handler", "kind", "retry_after"), [
+    (answer(200, {"ErrorCode": 0, "Message": "OK", "MessageID": "pm-1"}), A, None),
+    (answer(422, {"ErrorCode": 300, "Message": "Invalid email request"}), P, None),
+    (answer(422, {"ErrorCode": 406, "Message": "Inactive recipient"}), P, None),
+    (answer(422, {"ErrorCode": 400, "Message": "Sender signature not found"}), P, None),
+    (answer(422, {"ErrorCode": 401, "Message": "Sender signature not confirmed"}), P, None),
+    (answer(422, {"ErrorCode": 412, "Message": "Account pending"}), P, None),
+    (answer(422, {"ErrorCode": 405, "Message": "Not allowed to send"}), T, 60.0),
+    (answer(422, {"ErrorCode": 100, "Message": "Maintenance"}), X, None),
+    (answer(422, {"ErrorCode": 99999, "Message": "something new"}), P, None),
+    (answer(401, {"ErrorCode": 10, "Message": "Bad or missing API token"}), X, None),
+    (answer(429, {"ErrorCode": 429, "Message": "Rate limit"}, **{"Retry-After": "2"}), T, 2.0),
+    (answer(500, {"ErrorCode": 0, "Message": "Internal error"}), X, None),
+    (answer(503), X, None),
+    (answer(504), Y, None),
+    (fail(httpx.ConnectError("refused")), X, None),
+    (fail(httpx.ReadTimeout("read timeout")), Y, None),
+])
+async def test_postmark_table(handler: Handler, kind: OutcomeClass,
+                              retry_after: float | None) -> None:
+    outcome, _ = await run_http(PostmarkProvider, handler, **PM)
+    assert outcome.kind is kind
+    assert outcome.retry_after_s == retry_after
+
+
+async def test_postmark_request_shape() -> None:
+    from postlane.providers.options import Secret
+
+    outcome, seen = await run_http(
+        PostmarkProvider, answer(200, {"ErrorCode": 0, "MessageID": "pm-1"}),
+        delivery(html="<p>x</p>", metadata={"user": 7}), token=Secret("pm-token"),
+        base_url="https://pm.example.test", message_stream="outbound")
+    assert outcome.kind is A and outcome.provider_message_id == "pm-1"
+    (request,) = seen
+    assert str(request.url) == "https://pm.example.test/email"
+    assert request.headers["X-Postmark-Server-Token"] == "pm-token"
+    body = json.loads(request.content)
+    assert body["From"] == "alice@example.org" and body["To"] == "bob@example.com"
+    assert body["TextBody"] == "Follow the link.\n" and body["HtmlBody"] == "<p>x</p>"
+    assert body["MessageStream"] == "outbound"
+    assert {"Name": "X-Postlane-Key", "Value": "reset:42"} in body["Headers"]
+    assert body["Metadata"] == {"user": "7", "postlane_key": "reset:42",
+                                "postlane_delivery_id": "42"}
+
+
+# == Resend ===============================================================================
+RS = {"token": None, "base_url": "https://rs.example.test"}
+
+
+def resend_error(status: int, name: str, **headers: str) -> Handler:
+    return answer(status, {"statusCode": status, "name": name, "message": name}, **headers)
+
+
+@pytest.mark.parametrize(("handler", "kind", "retry_after"), [
+    (answer(200, {"id": "rs-1"}), A, None),
+    (resend_error(400, "invalid_idempotency_key"), P, None),
+    (resend_error(400, "validation_error"), P, None),
+    (resend_error(401, "missing_api_key"), X, None),
+    (resend_error(401, "validation_error"), X, None),
+    (resend_error(403, "invalid_api_key"), X, None),
+    (resend_error(403, "validation_error"), P, None),
+    (resend_error(404, "not_found"), P, None),
+    (resend_error(409, "concurrent_idempotent_requests"), X, None),
+    (resend_error(409, "invalid_idempotent_request"), P, None),
+    (resend_error(422, "missing_required_field"), P, None),
+    (resend_error(422, "invalid_from_address"), P, None),
+    (resend_error(429, "rate_limit_exceeded", **{"Retry-After": "1"}), T, 1.0),
+    (resend_error(429, "daily_quota_exceeded"), T, 300.0),
+    (resend_error(429, "monthly_quota_exceeded", **{"Retry-After": "3600"}), T, 3600.0),
+    (resend_error(500, "application_error"), X, None),
+    (resend_error(500, "internal_server_error"), X, None),
+    (answer(502), X, None),
+    (answer(504), Y, None),
+    (fail(httpx.ConnectTimeout("connect timeout")), X, None),
+    (fail(httpx.ReadTimeout("read timeout")), Y, None),
+])
+async def test_resend_table(handler: Handler, kind: OutcomeClass,
+                            retry_after: float | None) -> None:
+    outcome, _ = await run_http(ResendProvider, handler, **RS)
+    assert outcome.kind is kind
+    assert outcome.retry_after_s == retry_after
+
+
+async def test_resend_request_shape() -> None:
+    from postlane.providers.options import Secret
+
+    outcome, seen = await run_http(ResendProvider, answer(200, {"id": "rs-1"}),
+                                   token=Secret("re_123"), base_url="https://rs.example.test")
+    assert outcome.kind is A and outcome.provider_message_id == "rs-1"
+    (request,) = seen
+    assert str(request.url) == "https://rs.example.test/emails"
+    assert request.headers["Authorization"] == "Bearer re_123"
+    assert request.headers["Idempotency-Key"] == "reset:42"
+    body = json.loads(request.content)
+    assert body["to"] == ["bob@example.com"] and body["headers"]["X-Postlane-Key"] == "reset:42"
+    assert {"name": "postlane_key_sha256", "value": key_digest("reset:42")} in body["tags"]
+    assert ResendProvider.capabilities.deduplicates_by_key
+    assert ResendProvider.capabilities.dedup_window == timedelta(hours=24)
+
+
+# == the sandbox over HTTP ================================================================
+SB = {"base_url": "http://sandbox.test:8025"}
+
+
+@pytest.mark.parametrize(("handler", "kind", "retry_after"), [
+    (answer(200, {"id": "sbx-1"}), A, None),
+    (answer(200, {"id": "sbx-1", "duplicate": True}), A, None),
+    (answer(429, {"error": "rate limit exceeded"}, **{"Retry-After": "0.250"}), T, 0.25),
+    (answer(503, {"error": "service unavailable"}), X, None),
+    (answer(400, {"error": "recipient rejected"}), P, None),
+    (answer(404, {"error": "unknown template"}), P, None),
+    (fail(httpx.ReadTimeout("accepted, then no answer")), Y, None),
+    (fail(httpx.ConnectError("refused")), X, None),
+])
+async def test_sandbox_http_table(handler: Handler, kind: OutcomeClass,
+                                  retry_after: float | None) -> None:
+    outcome, _ = await run_http(SandboxHttpProvider, handler, **SB)
+    assert outcome.kind is kind
+    assert outcome.retry_after_s == retry_after
+
+
+@pytest.mark.parametrize(("handler", "expected"), [
+    (answer(200, {"id": "sbx-9", "key": "a/b:c"}), "accepted"),
+    (answer(404, {"error": "unknown key"}), None),
+    (answer(500), "transient"),
+    (fail(httpx.ConnectError("refused")), "transient"),
+])
+async def test_sandbox_http_lookup(handler: Handler, expected: str | None) -> None:
+    seen: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return handler(request)
+
+    provider = SandboxHttpProvider(transport=httpx.MockTransport(record), **SB)
+    await provider.open()
+    try:
+        found = await provider.lookup("a/b:c")
+    finally:
+        await provider.close()
+    assert (found.kind.value if found else None) == expected
+    assert seen and seen[0].url.raw_path == b"/v1/messages/a%2Fb%3Ac"
+
+
+# == every adapter refuses header injection without sending ===============================
+@pytest.mark.parametrize("provider_cls, kwargs", [
+    (JsonHttpProvider, GENERIC), (PostmarkProvider, PM), (ResendProvider, RS),
+    (SandboxHttpProvider, SB),
+])
+@pytest.mark.parametrize("bad", [
+    {"headers": {"X-Evil": "a\r\nBcc: victim@example.com"}},
+    {"subject": "hi\nBcc: victim@example.com"},
+    {"recipient": "bob@example.com\r\nRCPT TO:<x@y.z>"},
+    {"headers": {"Content-Type": "text/html"}},
+])
+async def test_http_adapters_refuse_bad_headers_before_sending(
+    provider_cls: type[HttpApiProvider], kwargs: dict[str, Any], bad: dict[str, Any],
+) -> None:
+    outcome, seen = await run_http(provider_cls, answer(200, {"id": "x"}), delivery(**bad),
+                                   **kwargs)
+    assert outcome.kind is P and "refused before sending" in (outcome.response or "")
+    assert seen == []
+
+
+# == SES ==================================================================================
+@pytest.fixture(scope="module")
+def ses_client() -> Any:
+    """One botocore client for the module (building one costs a third of a second)."""
+    return boto3.session.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="eu-west-1",
+    ).client("sesv2")
+
+
+@pytest.fixture
+def ses(ses_client: Any) -> Iterator[tuple[Callable[..., SESProvider], Stubber]]:
+    stubber = Stubber(ses_client)
+    stubber.activate()
+
+    def make(**config: Any) -> SESProvider:
+        settings: dict[str, Any] = {"region": "eu-west-1", **config}
+        return SESProvider(SESConfig(**settings), client=ses_client)
+
+    yield make, stubber
+    stubber.deactivate()
+
+
+@pytest.mark.parametrize(("code", "status", "kind", "retry_after"), [
+    ("TooManyRequestsException", 429, T, None),
+    ("Throttling", 400, T, None),
+    ("ThrottlingException", 400, T, None),
+    ("LimitExceededException", 400, T, 60.0),
+    ("SendingPausedException", 400, T, 60.0),
+    ("AccountSendingPausedException", 400, T, 60.0),
+    ("ConfigurationSetSendingPausedException", 400, T, 60.0),
+    ("AccountSuspendedException", 400, X, None),
+    ("UnrecognizedClientException", 403, X, None),
+    ("MessageRejected", 400, P, None),
+    ("MailFromDomainNotVerifiedException", 400, P, None),
+    ("BadRequestException", 400, P, None),
+    ("NotFoundException", 404, P, None),
+    ("InternalServiceErrorException", 500, X, None),
+    ("ServiceUnavailable", 503, X, None),
+    ("SomethingNew", 500, X, None),
+    ("SomethingNew", 429, T, None),
+    ("SomethingNew", 400, P, None),
+    ("SomethingNew", 504, Y, None),
+])
+async def test_ses_error_table(ses: Any, code: str, status: int, kind: OutcomeClass,
+                               retry_after: float | None) -> None:
+    make, stubber = ses
+    provider = make()
+    stubber.add_client_error("send_email", service_error_code=code, service_message="m",
+                             http_status_code=status)
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery())
+    finally:
+        await provider.close()
+    assert outcome.kind is kind
+    assert outcome.retry_after_s == retry_after
+    assert code in (outcome.response or "")
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (ReadTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), Y),
+    (ConnectionClosedError(endpoint_url="https://email.eu-west-1.amazonaws.com"), Y),
+    (ConnectTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
+    (EndpointConnectionError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
+    (NoCredentialsError(), X),
+    (ParamValidationError(report="bad"), P),
+])
+def test_ses_transport_table(error: Exception, kind: OutcomeClass) -> None:
+    assert outcome_of_botocore_error(error).kind is kind  # type: ignore[arg-type]
+
+
+async def test_ses_request_carries_configuration_set_tags_and_key(ses: Any) -> None:
+    make, stubber = ses
+    provider = make(configuration_set="postlane-events")
+    stubber.add_response("send_email", {"MessageId": "ses-1"}, {
+        "FromEmailAddress": "alice@example.org",
+        "Destination": {"ToAddresses": ["bob@example.com"]},
+        "Content": {"Raw": {"Data": ANY}},
+        "EmailTags": [{"Name": "postlane_delivery_id", "Value": "42"},
+                      {"Name": "postlane_key_sha256", "Value": key_digest("reset:42")}],
+        "ConfigurationSetName": "postlane-events",
+    })
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery())
+    finally:
+        await provider.close()
+    assert outcome.kind is A and outcome.provider_message_id == "ses-1"
+    stubber.assert_no_pending_responses()
+    raw = provider.request_of(delivery())["Content"]["Raw"]["Data"]
+    assert b"X-Postlane-Key: reset:42\r\n" in raw
+
+
+async def test_ses_refuses_header_injection_without_calling(ses: Any) -> None:
+    make, stubber = ses
+    provider = make()
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery(headers={"X-A": "1\r\nBcc: x@y.z"}))
+    finally:
+        await provider.close()
+    assert outcome.kind is P
+    stubber.assert_no_pending_responses()
