@@ -65,6 +65,9 @@ class WorkerConfig:
     controls_interval_s: float = 0.5
     ack_interval_s: float = 0.005
     limiter_horizon_s: float = 0.25
+    late_slot_s: float = 0.01
+    """A send slot missed by more than this (the event loop stalled) is not used late; the
+    send takes a fresh slot. Keep it well under the limiter's headroom (2 % = 20 ms)."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -108,6 +111,9 @@ class Worker:
         self._ack_wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._lane_wakeup = {name: asyncio.Event() for name in self.lanes}
+        # One limiter poller per lane: without it every waiting batch polls the limiter at
+        # each freed slot (a thundering herd of round trips per send).
+        self._reserve_locks = {name: asyncio.Lock() for name in self.lanes}
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._shutting_down = False
@@ -229,7 +235,8 @@ class Worker:
                 for delivery in to_send:
                     self._release(delivery, "released at shutdown")
                 return
-            delays = await self._reserve_slots(len(to_send))
+            delays = await self._reserve_slots(lane, len(to_send))
+            reserved_at = time.monotonic()
             if delays is None:  # the gate is closed for long: give them back, unspent
                 retry_in = await self._gate_remaining()
                 for delivery in to_send:
@@ -240,33 +247,59 @@ class Worker:
             started = await self.store.start_attempts(
                 self.owner, [Claim(d.id, d.claims) for d in group]
             )
+            # Slots are relative to the limiter's decision: the round trip above must not
+            # push the whole group late, or it bunches up against the next group's sends.
+            elapsed = time.monotonic() - reserved_at
             sends = []
             for delivery, delay in zip(group, delays, strict=True):
                 if delivery.id not in started:
                     self._lost(delivery, "lease lost before the attempt started")
                     continue
-                sends.append(self._send_one(config, delivery, delay))
+                sends.append(self._send_one(config, delivery, delay - elapsed))
             await asyncio.gather(*sends)
 
-    async def _reserve_slots(self, n: int) -> list[float] | None:
+    async def _reserve_slots(self, lane: str, n: int) -> list[float] | None:
         """Send slots for up to ``n`` deliveries; None when the gate stays shut for long."""
         if self.limiter is None:
             return [0.0] * n
-        while True:
-            reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
-            if reservation.delays_s:
-                return reservation.delays_s
-            if reservation.retry_in_s > 2.0:
-                return None
-            self.counters["limiter_waits"] += 1
-            await asyncio.sleep(reservation.retry_in_s)
+        async with self._reserve_locks[lane]:
+            while True:
+                reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
+                if reservation.delays_s:
+                    return reservation.delays_s
+                if reservation.retry_in_s > 2.0:
+                    return None
+                self.counters["limiter_waits"] += 1
+                await asyncio.sleep(reservation.retry_in_s)
 
     async def _gate_remaining(self) -> float:
         return await self.limiter.gate_remaining_s() if self.limiter else 0.0
 
+    async def _wait_for_slot(self, lane: str, delay_s: float) -> bool:
+        """Sleep until the reserved slot; False when the gate closed before a late retry.
+
+        A slot missed by more than ``late_slot_s`` is not used: after an event-loop stall,
+        every send whose slot passed during it would go out at once, on top of the on-time
+        sends of other tasks and processes, and overfill the provider's one-second window.
+        Such a send takes a fresh slot instead.
+        """
+        deadline = time.monotonic() + delay_s
+        while True:
+            if deadline > time.monotonic():
+                await asyncio.sleep(deadline - time.monotonic())
+            if self.limiter is None or time.monotonic() - deadline <= self.config.late_slot_s:
+                return True
+            self.counters["late_slots"] += 1
+            delays = await self._reserve_slots(lane, 1)
+            if delays is None:
+                return False
+            deadline = time.monotonic() + delays[0]
+
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float) -> None:
-        if delay_s > 0:
-            await asyncio.sleep(delay_s)
+        if not await self._wait_for_slot(lane.name, delay_s):
+            self._release(delivery, "rate limit gate closed", event="throttled",
+                          delay_s=await self._gate_remaining())
+            return
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.config.attempt_timeout_s):
@@ -332,11 +365,12 @@ class Worker:
 
     def _lost(self, delivery: Delivery, why: str) -> None:
         self.counters["lease_lost"] += 1
+        self._held.pop(delivery.id, None)
         log.warning("delivery %d: %s", delivery.id, why)
         self._release_slot(delivery)
 
     def _release_slot(self, delivery: Delivery) -> None:
-        self._held.pop(delivery.id, None)
+        """Free the send slot; the lease stays held (and renewed) until the ack is written."""
         self._in_flight[delivery.lane] -= 1
         self._slot_freed.set()
 
@@ -352,6 +386,7 @@ class Worker:
         batch, self._acks = self._acks, []
         applied = await self.store.set_state_if_sending_many(self.owner, batch)
         for transition in batch:
+            self._held.pop(transition.id, None)
             if transition.id not in applied:
                 self.counters["lease_lost"] += 1
                 log.warning("delivery %d: outcome %s dropped, the lease was taken over",
