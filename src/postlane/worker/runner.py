@@ -73,6 +73,11 @@ class WorkerConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
+Observer = Callable[[Delivery, Decision], None]
+"""Sees each outcome as decided: the delivery as claimed and the decision (its ``detail``
+carries ``outcome`` and ``duration_ms`` for sends)."""
+
+
 def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -103,6 +108,8 @@ class Worker:
         self.controls = FleetControls(store)
         self.breaker = FleetBreaker(store, provider.account, self.owner, config.breaker)
         self.counters: Counter[str] = Counter()
+        self.observers: list[Observer] = []
+        """Called with every decided outcome (metrics hang off this); must not block."""
 
         self._in_flight: Counter[str] = Counter()
         self._wanting: dict[str, bool] = {name: True for name in self.lanes}
@@ -333,6 +340,8 @@ class Worker:
         self, delivery: Delivery, decision: Decision, *, release: bool,
         provider_message_id: str | None = None, error: str | None = None,
     ) -> None:
+        for observe in self.observers:
+            observe(delivery, decision)
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
             self.counters[f"dead:{reason}"] += 1
