@@ -253,6 +253,9 @@ def _register() -> None:
     app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)
     app.command()(dlq_cli.timeline)
     app.add_typer(dlq_cli.dlq, name="dlq")
+    from postlane.cli import suppress as suppress_cli
+
+    app.add_typer(suppress_cli.suppress, name="suppress")
 
 
 _register()

@@ -131,6 +131,8 @@ class SandboxEngine:
         self._keys: dict[str, tuple[float, str]] = {}
         self._window: tuple[int, int] = (0, 0)  # (second, sends accepted in it)
         self._ids = 0
+        self.on_accept: Callable[[str, str, str], None] | None = None
+        """Called with (key, message id, recipient) for each acceptance: delivery events."""
 
     def submit(self, key: str, to: str, template_id: str | None = None) -> SandboxAnswer:
         now = self.clock()
@@ -162,6 +164,8 @@ class SandboxEngine:
             self.stats.rejected += 1
             return SandboxAnswer(404, {"error": f"unknown template {template_id}"})
         message_id = self._accept(key, now)
+        if self.on_accept is not None:
+            self.on_accept(key, message_id, to)
         roll -= self.config.error_rate
         if roll < self.config.timeout_rate:
             self.stats.timeouts += 1

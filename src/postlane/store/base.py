@@ -17,6 +17,7 @@ from typing import Any
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.states import State
 from postlane.core.validation import Limits
+from postlane.errors import InvalidMessage
 
 MAX_RESPONSE_CHARS = 2000
 """Provider responses are kept verbatim up to this bound; some answer with whole HTML pages."""
@@ -190,6 +191,57 @@ class DeadLetterFilter:
         return (" AND ".join(conditions) or "1 = 1"), params
 
 
+STATUS_RANK: dict[str, int] = {
+    "deferred": 0, "delivered": 1, "opened": 2, "clicked": 2, "bounced": 3, "complained": 4,
+}
+"""A delivery's provider status only moves up this ladder: a late ``delivered`` after a
+``bounced`` is recorded in the timeline but does not change the status."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEvent:
+    """A delivery event a provider reported (by webhook), normalised."""
+
+    provider: str
+    event_id: str
+    kind: str
+    """``delivered``, ``bounced`` (hard), ``deferred`` (soft bounce), ``complained``,
+    ``opened``, ``clicked``."""
+    provider_message_id: str | None
+    recipient: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEventResult:
+    duplicate: bool
+    """The event id was seen before; nothing was done."""
+    delivery_id: int | None
+    status_changed: bool
+    suppressed: str | None = None
+    """The address this event put on the suppression list."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suppression:
+    address: str
+    stream: str
+    """The lane it applies to, or ``*`` for every lane."""
+    reason: str
+    delivery_id: int | None
+    created_at: datetime
+
+
+def suppression_for(event: ProviderEvent, lane: str) -> tuple[str, str] | None:
+    """(stream, reason) an event suppresses its address for, if any: a hard bounce for
+    every lane (the mailbox does not exist), a complaint for the lane it came through."""
+    if event.kind == "bounced":
+        return "*", "hard bounce"
+    if event.kind == "complained":
+        return lane, "complaint"
+    return None
+
+
 class Store(abc.ABC):
     """Async operations on the delivery table. Engines: ``postgres``, ``sqlite``."""
 
@@ -339,6 +391,101 @@ class Store(abc.ABC):
         """Delete finished deliveries (and their timeline) older than the given ages."""
 
 
+    # -- provider events and the suppression list -------------------------------------------
+    @abc.abstractmethod
+    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
+        """Process a provider event once: attach it to its delivery (by provider message id)
+        in the timeline, move the provider status only forward, and suppress the address on
+        a hard bounce or a complaint."""
+
+    @abc.abstractmethod
+    async def suppress(self, address: str, stream: str, reason: str,
+                       delivery_id: int | None = None) -> bool:
+        """Add an address to the suppression list; False if it was already there."""
+
+    @abc.abstractmethod
+    async def unsuppress(self, address: str, stream: str | None = None) -> int:
+        """Lift a suppression (every stream when ``stream`` is None); returns rows removed."""
+
+    @abc.abstractmethod
+    async def list_suppressions(self, address: str | None = None,
+                                limit: int = 100) -> list[Suppression]: ...
+
+    @abc.abstractmethod
+    async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
+        """Which of these deliveries go to a suppressed address (id -> reason)."""
+
+    @abc.abstractmethod
+    async def requeue_suppressed(self, address: str) -> list[int]:
+        """After a suppression was lifted: send the deliveries it stopped (same key)."""
+
+    # -- templates (rendered once at enqueue; see postlane.templates) ---------------------
+    @abc.abstractmethod
+    async def add_template_version(
+        self, name: str, subject: str, text: str | None, html: str | None
+    ) -> TemplateVersion:
+        """Store the next version of template ``name`` (version 1 creates it). Versions are
+        immutable; a name deleted earlier continues its numbering, never reuses it."""
+
+    @abc.abstractmethod
+    async def get_template(self, name: str, version: int | None = None) -> TemplateVersion | None:
+        """One version of ``name`` (default: the latest); None if unknown or deleted."""
+
+    @abc.abstractmethod
+    async def list_templates(self) -> list[TemplateVersion]:
+        """The latest version of every template that is not deleted, by name."""
+
+    @abc.abstractmethod
+    async def set_template_deprecated(self, name: str, deprecated: bool = True) -> bool:
+        """Stop (or allow again) new enqueues from ``name``; False if it does not exist."""
+
+    @abc.abstractmethod
+    async def count_template_references(self, name: str) -> int:
+        """Deliveries of ``name`` that may still be sent (pending, sending, ambiguous) or
+        replayed (dead or expired with an open dead letter)."""
+
+    @abc.abstractmethod
+    async def delete_template_if_unreferenced(self, name: str) -> TemplateDeletion:
+        """Delete every version of ``name`` unless deliveries still reference it (counted as
+        in ``count_template_references``, under a lock that keeps enqueues out meanwhile)."""
+
+    @abc.abstractmethod
+    async def enqueue_many_if_template_usable(
+        self, template: str, messages: Sequence[Message],
+        progress: ImportProgress | None = None,
+    ) -> list[EnqueueResult]:
+        """``enqueue_many`` of messages rendered from ``template``, in one transaction that
+        first checks (and locks against delete and deprecate) that the template exists and is
+        not deprecated; raises ``UnknownTemplate`` or ``TemplateDeprecated`` otherwise.
+
+        With ``progress``, the import's counters are written in the same transaction:
+        read, enqueued and skipped as given; created grows by the rows this call created.
+        """
+
+    # -- bulk-import runs --------------------------------------------------------------------
+    @abc.abstractmethod
+    async def start_import(
+        self, import_id: str, template: str, template_version: int, file_name: str, lane: str
+    ) -> ImportRecord | None:
+        """Record a run of an import (a first run, a re-run or a resume): counters reset,
+        ``runs`` + 1. None when ``import_id`` already belongs to another template."""
+
+    @abc.abstractmethod
+    async def finish_import(self, progress: ImportProgress) -> None:
+        """Write the run's final counters (created as counted so far) and its end time."""
+
+    @abc.abstractmethod
+    async def get_import(self, import_id: str) -> ImportRecord | None: ...
+
+    @abc.abstractmethod
+    async def list_imports(self, limit: int = 100) -> list[ImportRecord]:
+        """Imports, most recently started first."""
+
+    @abc.abstractmethod
+    async def import_counts(self, import_id: str) -> ImportCounts:
+        """What became of an import's deliveries, for the operator's four questions."""
+
+
 def bound_response(text: str | None) -> str | None:
     """Keep a provider's response verbatim, but bounded."""
     if text is None or len(text) <= MAX_RESPONSE_CHARS:
@@ -359,3 +506,122 @@ def find_conditions(key: str | None, recipient: str | None, import_id: str | Non
     if not conditions:
         raise ValueError("find_deliveries needs a key, a recipient or an import id")
     return " AND ".join(conditions), params
+
+
+# -- templates and bulk imports ------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TemplateVersion:
+    """One immutable version of a template, and the state of its name."""
+
+    name: str
+    version: int
+    subject: str
+    text: str | None
+    html: str | None
+    created_at: datetime
+    latest_version: int
+    deprecated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateDeletion:
+    found: bool
+    deleted: bool
+    references: int
+    """Deliveries that kept it from being deleted (0 when it was deleted)."""
+
+
+TEMPLATE_REFERENCE_CONDITION = (
+    "(d.state IN ('pending', 'sending', 'ambiguous') OR (d.state IN ('dead', 'expired') "
+    "AND EXISTS (SELECT 1 FROM postlane_dead_letters dl WHERE dl.delivery_id = d.id "
+    "AND dl.discarded_at IS NULL)))"
+)
+"""Deliveries (``d``) that keep their template from being deleted: they may still be sent
+or replayed. Sent, cancelled, suppressed and discarded ones do not."""
+
+
+@dataclass(frozen=True, slots=True)
+class ImportProgress:
+    """An import run's counters, written with each batch (see ``enqueue_many_if_template_usable``)."""
+
+    import_id: str
+    rows_read: int
+    rows_enqueued: int
+    """Rows handed to the store: created now, or already there from an earlier run."""
+    rows_skipped: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportRecord:
+    import_id: str
+    template: str
+    template_version: int
+    file_name: str
+    lane: str
+    runs: int
+    started_at: datetime
+    last_started_at: datetime
+    finished_at: datetime | None
+    rows_read: int
+    rows_enqueued: int
+    rows_created: int
+    """Deliveries the latest run created (a re-run creates none: the keys exist)."""
+    rows_skipped: int
+
+
+IMPORT_COLUMNS = (
+    "import_id, template, template_version, file_name, lane, runs, started_at, "
+    "last_started_at, finished_at, rows_read, rows_enqueued, rows_created, rows_skipped"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportCounts:
+    """An import's deliveries by what happened to them."""
+
+    states: dict[str, int]
+    """Deliveries by state (every state present, zeros included)."""
+    waiting_retry: int
+    """Pending after at least one attempt: waiting for another."""
+    oldest_waiting_age_s: float
+    """Age since enqueue of the oldest delivery still pending (first try or retry)."""
+
+    @property
+    def created(self) -> int:
+        return sum(self.states.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "created": self.created,
+            "claimed": self.states.get("sending", 0),
+            "accepted": self.states.get("sent", 0),
+            "queued": self.states.get("pending", 0) - self.waiting_retry,
+            "waiting_retry": self.waiting_retry,
+            "dead": self.states.get("dead", 0),
+            "oldest_waiting_age_s": round(self.oldest_waiting_age_s, 3),
+            "states": dict(self.states),
+        }
+
+
+def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
+    """Build ``ImportCounts`` from rows of (state, retried, count, oldest age in seconds)."""
+    states = {str(s): 0 for s in State}
+    waiting_retry = 0
+    oldest = 0.0
+    for state, retried, count, age in rows:
+        states[state] = states.get(state, 0) + int(count)
+        if state == "pending":
+            if retried:
+                waiting_retry += int(count)
+            oldest = max(oldest, float(age or 0.0))
+    return ImportCounts(states, waiting_retry, max(0.0, oldest))
+
+
+def check_template_id(message: Message, template: str) -> None:
+    """A message enqueued as rendered from ``template`` must say so, version included."""
+    if message.template_id != template or message.template_version is None:
+        raise InvalidMessage(
+            f"message {message.key!r} was not rendered from template {template!r} "
+            f"(template_id={message.template_id!r}, version={message.template_version!r})",
+            field="template_id",
+        )

@@ -20,23 +20,37 @@ from typing import Any, TypeVar
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.states import State
 from postlane.core.validation import Limits, validate
-from postlane.errors import StoreError
+from postlane.errors import StoreError, TemplateDeprecated, UnknownTemplate
 from postlane.store import migrations
 from postlane.store.base import (
     DEAD_LETTER_COLUMNS,
     DELIVERY_COLUMNS,
+    IMPORT_COLUMNS,
+    STATUS_RANK,
+    TEMPLATE_REFERENCE_CONDITION,
     Claim,
     Control,
     DeadLetter,
     DeadLetterFilter,
     Event,
+    ImportCounts,
+    ImportProgress,
+    ImportRecord,
     LaneStats,
+    ProviderEvent,
+    ProviderEventResult,
     RescueResult,
     Stats,
     Store,
+    Suppression,
+    TemplateDeletion,
+    TemplateVersion,
     Transition,
     bound_response,
+    check_template_id,
     find_conditions,
+    import_counts_from_rows,
+    suppression_for,
 )
 
 T = TypeVar("T")
@@ -655,6 +669,312 @@ class SQLiteStore(Store):
                 if cur.rowcount < 5000:
                     return total
         return await self._run(_prune)
+
+    # -- provider events and the suppression list -------------------------------------------
+    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
+        def _record() -> ProviderEventResult:
+            with self._write() as conn:
+                found = conn.execute(
+                    "SELECT id, lane, recipient FROM postlane_deliveries "
+                    "WHERE provider_message_id = ? ORDER BY id DESC LIMIT 1",
+                    (event.provider_message_id,),
+                ).fetchone()
+                delivery_id = found[0] if found else None
+                inserted = conn.execute(
+                    f"INSERT INTO postlane_provider_events (provider, event_id, kind, "
+                    f"provider_message_id, delivery_id, received_at) "
+                    f"VALUES (?, ?, ?, ?, ?, {NOW}) ON CONFLICT DO NOTHING RETURNING event_id",
+                    (event.provider, event.event_id, event.kind, event.provider_message_id,
+                     delivery_id),
+                ).fetchone()
+                if inserted is None:
+                    return ProviderEventResult(True, delivery_id, False)
+                if found is None:
+                    return ProviderEventResult(False, None, False)
+                _, lane, recipient = found
+                conn.execute(_INSERT_EVENT, (
+                    delivery_id, f"provider:{event.kind}", None,
+                    json.dumps({"provider": event.provider, "event_id": event.event_id,
+                                **dict(event.data)}),
+                ))
+                current = conn.execute(
+                    "SELECT provider_status FROM postlane_deliveries WHERE id = ?",
+                    (delivery_id,),
+                ).fetchone()[0]
+                changed = STATUS_RANK.get(event.kind, -1) > STATUS_RANK.get(current or "", -1)
+                if changed:
+                    conn.execute("UPDATE postlane_deliveries SET provider_status = ? "
+                                 "WHERE id = ?", (event.kind, delivery_id))
+                suppressed = None
+                rule = suppression_for(event, lane)
+                if rule is not None:
+                    suppressed = (event.recipient or recipient).lower()
+                    conn.execute(
+                        f"INSERT INTO postlane_suppressions (address, stream, reason, "
+                        f"delivery_id, created_at) VALUES (?, ?, ?, ?, {NOW}) "
+                        f"ON CONFLICT DO NOTHING",
+                        (suppressed, rule[0], rule[1], delivery_id),
+                    )
+                return ProviderEventResult(False, delivery_id, changed, suppressed)
+        return await self._run(_record)
+
+    async def suppress(self, address: str, stream: str, reason: str,
+                       delivery_id: int | None = None) -> bool:
+        def _suppress() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"INSERT INTO postlane_suppressions (address, stream, reason, delivery_id, "
+                    f"created_at) VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT DO NOTHING "
+                    f"RETURNING address", (address.lower(), stream, reason, delivery_id),
+                ).fetchone()
+                return row is not None
+        return await self._run(_suppress)
+
+    async def unsuppress(self, address: str, stream: str | None = None) -> int:
+        def _unsuppress() -> int:
+            with self._write() as conn:
+                cur = conn.execute(
+                    "DELETE FROM postlane_suppressions WHERE address = ? "
+                    "AND (? IS NULL OR stream = ?)", (address.lower(), stream, stream),
+                )
+                return cur.rowcount
+        return await self._run(_unsuppress)
+
+    async def list_suppressions(self, address: str | None = None,
+                                limit: int = 100) -> list[Suppression]:
+        def _list() -> list[Suppression]:
+            key = address.lower() if address else None
+            rows = self.conn.execute(
+                "SELECT address, stream, reason, delivery_id, created_at "
+                "FROM postlane_suppressions WHERE (? IS NULL OR address = ?) "
+                "ORDER BY created_at DESC LIMIT ?", (key, key, limit),
+            ).fetchall()
+            return [Suppression(r[0], r[1], r[2], r[3], _dt(r[4])) for r in rows]
+        return await self._run(_list)
+
+    async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
+        if not deliveries:
+            return {}
+        batch = json.dumps([{"id": d.id, "address": d.recipient.lower(), "lane": d.lane}
+                            for d in deliveries])
+
+        def _among() -> dict[int, str]:
+            rows = self.conn.execute(
+                "SELECT json_extract(t.value, '$.id'), s.reason FROM json_each(?) t "
+                "JOIN postlane_suppressions s "
+                "ON s.address = json_extract(t.value, '$.address') "
+                "AND s.stream IN (json_extract(t.value, '$.lane'), '*')", (batch,),
+            ).fetchall()
+            return {int(r[0]): r[1] for r in rows}
+        return await self._run(_among)
+
+    async def requeue_suppressed(self, address: str) -> list[int]:
+        def _requeue() -> list[int]:
+            with self._write() as conn:
+                ids = [r[0] for r in conn.execute(
+                    f"UPDATE postlane_deliveries SET state = 'pending', run_at = {NOW}, "
+                    f"finished_at = NULL, updated_at = {NOW} "
+                    f"WHERE lower(recipient) = ? AND state = 'suppressed' RETURNING id",
+                    (address.lower(),),
+                ).fetchall()]
+                conn.executemany(_INSERT_EVENT, [(i, "unsuppressed", "pending", "{}")
+                                                 for i in ids])
+                return sorted(ids)
+        ids = await self._run(_requeue)
+        self._wakeup.set()
+        return ids
+
+    # -- templates and bulk imports ----------------------------------------------------------
+    _TEMPLATE_COLS = (
+        "v.name, v.version, v.subject, v.text_body, v.html_body, v.created_at, "
+        "t.latest_version, t.deprecated_at IS NOT NULL"
+    )
+    _GET_TEMPLATE = f"""
+    SELECT {_TEMPLATE_COLS} FROM postlane_templates t
+    JOIN postlane_template_versions v ON v.name = t.name
+    WHERE t.name = :name AND t.deleted_at IS NULL
+      AND v.version = COALESCE(:version, t.latest_version)
+    """
+    _COUNT_TEMPLATE_REFERENCES = (
+        "SELECT count(*) FROM postlane_deliveries d "
+        f"WHERE d.template_id = ? AND {TEMPLATE_REFERENCE_CONDITION}"
+    )
+    _IMPORT_PROGRESS = f"""
+    UPDATE postlane_imports SET rows_read = :read, rows_enqueued = :enqueued,
+        rows_skipped = :skipped, rows_created = rows_created + :created,
+        finished_at = CASE WHEN :finished THEN {NOW} ELSE NULL END, updated_at = {NOW}
+    WHERE import_id = :id
+    """
+
+    @staticmethod
+    def _template(row: Sequence[Any]) -> TemplateVersion:
+        return TemplateVersion(row[0], row[1], row[2], row[3], row[4], _dt(row[5]), row[6],
+                               bool(row[7]))
+
+    @classmethod
+    def template_on_connection(
+        cls, conn: sqlite3.Connection, name: str, version: int | None = None
+    ) -> TemplateVersion | None:
+        """Read a template version through ``conn``, in whatever transaction it is in."""
+        row = conn.execute(cls._GET_TEMPLATE, {"name": name, "version": version}).fetchone()
+        return cls._template(row) if row else None
+
+    async def add_template_version(
+        self, name: str, subject: str, text: str | None, html: str | None
+    ) -> TemplateVersion:
+        def _add() -> TemplateVersion:
+            with self._write() as conn:
+                conn.execute(
+                    f"INSERT INTO postlane_templates (name, latest_version, created_at, "
+                    f"updated_at) VALUES (?, 1, {NOW}, {NOW}) ON CONFLICT (name) DO UPDATE SET "
+                    f"latest_version = latest_version + 1, deleted_at = NULL, "
+                    f"updated_at = {NOW}", (name,))
+                conn.execute(
+                    f"INSERT INTO postlane_template_versions "
+                    f"(name, version, subject, text_body, html_body, created_at) "
+                    f"SELECT name, latest_version, ?, ?, ?, {NOW} FROM postlane_templates "
+                    f"WHERE name = ?", (subject, text, html, name))
+                found = self.template_on_connection(conn, name)
+            assert found is not None
+            return found
+        return await self._run(_add)
+
+    async def get_template(self, name: str, version: int | None = None) -> TemplateVersion | None:
+        return await self._run(self.template_on_connection, self.conn, name, version)
+
+    async def list_templates(self) -> list[TemplateVersion]:
+        def _list() -> list[TemplateVersion]:
+            rows = self.conn.execute(
+                f"SELECT {self._TEMPLATE_COLS} FROM postlane_templates t "
+                "JOIN postlane_template_versions v "
+                "ON v.name = t.name AND v.version = t.latest_version "
+                "WHERE t.deleted_at IS NULL ORDER BY t.name").fetchall()
+            return [self._template(r) for r in rows]
+        return await self._run(_list)
+
+    async def set_template_deprecated(self, name: str, deprecated: bool = True) -> bool:
+        def _set() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"UPDATE postlane_templates SET deprecated_at = CASE WHEN :on "
+                    f"THEN COALESCE(deprecated_at, {NOW}) END, updated_at = {NOW} "
+                    f"WHERE name = :name AND deleted_at IS NULL RETURNING name",
+                    {"on": deprecated, "name": name}).fetchone()
+                return row is not None
+        return await self._run(_set)
+
+    async def count_template_references(self, name: str) -> int:
+        def _count() -> int:
+            return int(self.conn.execute(self._COUNT_TEMPLATE_REFERENCES, (name,)).fetchone()[0])
+        return await self._run(_count)
+
+    async def delete_template_if_unreferenced(self, name: str) -> TemplateDeletion:
+        def _delete() -> TemplateDeletion:
+            with self._write() as conn:
+                if conn.execute("SELECT 1 FROM postlane_templates WHERE name = ? "
+                                "AND deleted_at IS NULL", (name,)).fetchone() is None:
+                    return TemplateDeletion(found=False, deleted=False, references=0)
+                references = int(
+                    conn.execute(self._COUNT_TEMPLATE_REFERENCES, (name,)).fetchone()[0])
+                if references:
+                    return TemplateDeletion(found=True, deleted=False, references=references)
+                conn.execute("DELETE FROM postlane_template_versions WHERE name = ?", (name,))
+                conn.execute(
+                    f"UPDATE postlane_templates SET deleted_at = {NOW}, deprecated_at = NULL, "
+                    f"updated_at = {NOW} WHERE name = ?", (name,))
+            return TemplateDeletion(found=True, deleted=True, references=0)
+        return await self._run(_delete)
+
+    async def enqueue_many_if_template_usable(
+        self, template: str, messages: Sequence[Message],
+        progress: ImportProgress | None = None,
+    ) -> list[EnqueueResult]:
+        for message in messages:
+            validate(message, self.limits)
+            check_template_id(message, template)
+
+        def _enqueue() -> list[EnqueueResult]:
+            with self._write() as conn:
+                row = conn.execute(
+                    "SELECT deprecated_at IS NOT NULL FROM postlane_templates "
+                    "WHERE name = ? AND deleted_at IS NULL", (template,)).fetchone()
+                if row is None:
+                    raise UnknownTemplate(f"unknown template {template!r}", field="template_id")
+                if row[0]:
+                    raise TemplateDeprecated(
+                        f"template {template!r} is deprecated: it takes no new enqueues",
+                        field="template_id")
+                results = [insert_one(conn, m) for m in messages]
+                if progress is not None:
+                    conn.execute(self._IMPORT_PROGRESS, {
+                        "id": progress.import_id, "read": progress.rows_read,
+                        "enqueued": progress.rows_enqueued, "skipped": progress.rows_skipped,
+                        "created": sum(1 for r in results if r.created), "finished": False})
+                return results
+        results = await self._run(_enqueue)
+        if messages:
+            self._wakeup.set()
+        return results
+
+    async def start_import(
+        self, import_id: str, template: str, template_version: int, file_name: str, lane: str
+    ) -> ImportRecord | None:
+        def _start() -> ImportRecord | None:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"INSERT INTO postlane_imports (import_id, template, template_version, "
+                    f"file_name, lane, started_at, last_started_at, updated_at) "
+                    f"VALUES (?, ?, ?, ?, ?, {NOW}, {NOW}, {NOW}) "
+                    f"ON CONFLICT (import_id) DO UPDATE SET runs = runs + 1, "
+                    f"last_started_at = {NOW}, finished_at = NULL, "
+                    f"template_version = excluded.template_version, "
+                    f"file_name = excluded.file_name, lane = excluded.lane, rows_read = 0, "
+                    f"rows_enqueued = 0, rows_created = 0, rows_skipped = 0, "
+                    f"updated_at = {NOW} WHERE template = excluded.template "
+                    f"RETURNING {IMPORT_COLUMNS}",
+                    (import_id, template, template_version, file_name, lane)).fetchone()
+            return self._import(row) if row else None
+        return await self._run(_start)
+
+    @staticmethod
+    def _import(row: Sequence[Any]) -> ImportRecord:
+        v = list(row)
+        v[6], v[7], v[8] = _dt(v[6]), _dt(v[7]), _opt_dt(v[8])
+        return ImportRecord(*v)
+
+    async def finish_import(self, progress: ImportProgress) -> None:
+        def _finish() -> None:
+            with self._write() as conn:
+                conn.execute(self._IMPORT_PROGRESS, {
+                    "id": progress.import_id, "read": progress.rows_read,
+                    "enqueued": progress.rows_enqueued, "skipped": progress.rows_skipped,
+                    "created": 0, "finished": True})
+        await self._run(_finish)
+
+    async def get_import(self, import_id: str) -> ImportRecord | None:
+        def _get() -> ImportRecord | None:
+            row = self.conn.execute(
+                f"SELECT {IMPORT_COLUMNS} FROM postlane_imports WHERE import_id = ?",
+                (import_id,)).fetchone()
+            return self._import(row) if row else None
+        return await self._run(_get)
+
+    async def list_imports(self, limit: int = 100) -> list[ImportRecord]:
+        def _list() -> list[ImportRecord]:
+            rows = self.conn.execute(
+                f"SELECT {IMPORT_COLUMNS} FROM postlane_imports "
+                "ORDER BY last_started_at DESC, import_id LIMIT ?", (limit,)).fetchall()
+            return [self._import(r) for r in rows]
+        return await self._run(_list)
+
+    async def import_counts(self, import_id: str) -> ImportCounts:
+        def _counts() -> ImportCounts:
+            rows = self.conn.execute(
+                f"SELECT state, attempts > 0, count(*), {NOW} - min(created_at) "
+                "FROM postlane_deliveries WHERE import_id = ? GROUP BY 1, 2",
+                (import_id,)).fetchall()
+            return import_counts_from_rows(rows)
+        return await self._run(_counts)
 
 
 def _dt(value: float) -> datetime:

@@ -115,6 +115,7 @@ class Worker:
         self._wanting: dict[str, bool] = {name: True for name in self.lanes}
         self._held: dict[int, Claim] = {}
         self._acks: list[Transition] = []
+        self._ack_lock = asyncio.Lock()
         self._ack_wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._lane_wakeup = {name: asyncio.Event() for name in self.lanes}
@@ -160,12 +161,25 @@ class Worker:
             await asyncio.gather(*lanes, return_exceptions=True)
             await self._finish_in_flight()
             self._ack_wakeup.set()
-            for task in background:
-                task.cancel()
+            async with self._ack_lock:  # never cancel the acker in the middle of a flush
+                for task in background:
+                    task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            self._release_unreported()
             await self._flush_acks()
             await self.provider.close()
             log.info("worker %s stopped: %s", self.owner, dict(self.counters))
+
+    def _release_unreported(self) -> None:
+        """At the very end of a stop: deliveries still held that no outcome was reported for
+        were claimed but never sent (a claim or a slot wait cut short by the stop). Give them
+        back unspent rather than leave them leased until the lease expires."""
+        reported = {t.id for t in self._acks}
+        for claim in list(self._held.values()):
+            if claim.id not in reported:
+                self._acks.append(Transition(
+                    claim.id, claim.claims, State.PENDING, "released", delay_s=0.0,
+                    spend_attempt=False, detail={"why": "released at shutdown"}))
 
     async def _finish_in_flight(self) -> None:
         if self._send_tasks:
@@ -202,10 +216,19 @@ class Worker:
                 await _wait(self._slot_freed, self.config.poll_interval_s)
                 continue
             wakeup.clear()
-            batch = await self.store.claim_batch(
+            claiming = asyncio.ensure_future(self.store.claim_batch(
                 lane, capacity, self.owner, self.config.lease,
                 exclude_imports=self.controls.paused_imports,
-            )
+            ))
+            try:
+                batch = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                # Stopped mid-claim: the rows may be leased already; hold them so the stop
+                # gives them back instead of leaving them leased.
+                with contextlib.suppress(Exception):
+                    for delivery in await claiming:
+                        self._held[delivery.id] = Claim(delivery.id, delivery.claims)
+                raise
             if probe:
                 self.breaker.probe_claimed(batch)
             self._wanting[lane] = len(batch) >= capacity
@@ -237,6 +260,15 @@ class Worker:
                 self._report(delivery, expired, release=True)
             else:
                 to_send.append(delivery)
+        suppressed = await self.store.suppressed_among(to_send)
+        if suppressed:
+            for delivery in [d for d in to_send if d.id in suppressed]:
+                # Not a dead letter: the address asked (by bouncing or complaining) for no mail.
+                self._report(delivery, Decision(
+                    State.SUPPRESSED, "suppressed", spend_attempt=False,
+                    detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
+                ), release=True)
+            to_send = [d for d in to_send if d.id not in suppressed]
         while to_send:
             if self._shutting_down:
                 for delivery in to_send:
@@ -303,7 +335,8 @@ class Worker:
             deadline = time.monotonic() + delays[0]
 
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float) -> None:
-        if not await self._wait_for_slot(lane.name, delay_s):
+        # A slot granted before someone's 429 closed the gate is not used while it is shut.
+        if not await self._wait_for_slot(lane.name, delay_s) or await self._gate_remaining():
             self._release(delivery, "rate limit gate closed", event="throttled",
                           delay_s=await self._gate_remaining())
             return
@@ -329,11 +362,12 @@ class Worker:
                           policy=self.config.retry, rand=self.rand)
         decision.detail["duration_ms"] = duration_ms
         self.counters[f"outcome:{outcome.kind}"] += 1
+        # Reported before any await: a stop cancelling this task cannot lose the outcome.
+        self._report(delivery, decision, release=True,
+                     provider_message_id=outcome.provider_message_id, error=outcome.response)
         if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
             await self.limiter.close_gate(outcome.retry_after_s)
         await self.breaker.observe(outcome, decision, delivery.id)
-        self._report(delivery, decision, release=True,
-                     provider_message_id=outcome.provider_message_id, error=outcome.response)
 
     # -- reporting -------------------------------------------------------------------------
     def _report(
@@ -390,18 +424,19 @@ class Worker:
             await self._flush_acks()
 
     async def _flush_acks(self) -> None:
-        if not self._acks:
-            return
-        batch, self._acks = self._acks, []
-        applied = await self.store.set_state_if_sending_many(self.owner, batch)
-        for transition in batch:
-            self._held.pop(transition.id, None)
-            if transition.id not in applied:
-                self.counters["lease_lost"] += 1
-                log.warning("delivery %d: outcome %s dropped, the lease was taken over",
-                            transition.id, transition.event)
-            else:
-                self.counters[f"state:{transition.state}"] += 1
+        async with self._ack_lock:
+            if not self._acks:
+                return
+            batch, self._acks = self._acks, []
+            applied = await self.store.set_state_if_sending_many(self.owner, batch)
+            for transition in batch:
+                self._held.pop(transition.id, None)
+                if transition.id not in applied:
+                    self.counters["lease_lost"] += 1
+                    log.warning("delivery %d: outcome %s dropped, the lease was taken over",
+                                transition.id, transition.event)
+                else:
+                    self.counters[f"state:{transition.state}"] += 1
 
     # -- background ------------------------------------------------------------------------
     async def _waker(self) -> None:

@@ -1,0 +1,77 @@
+"""``postlane suppress list|add|remove``: the addresses Postlane will not send to."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from postlane.cli.main import console, run_with_store
+from postlane.core.validation import check_address, redact_address
+from postlane.errors import InvalidAddress
+from postlane.store.base import Store, Suppression
+
+suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
+                       no_args_is_help=True)
+
+
+@suppress.command("list")
+def list_(ctx: typer.Context,
+          address: Annotated[str | None, typer.Option(help="Only this address.")] = None,
+          limit: int = 100, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Suppressed addresses, newest first."""
+
+    async def _list(store: Store) -> list[Suppression]:
+        return await store.list_suppressions(address, limit)
+
+    rows = run_with_store(ctx, _list)
+    if as_json:
+        print(json.dumps([{"address": r.address, "stream": r.stream, "reason": r.reason,
+                           "delivery_id": r.delivery_id, "created_at": r.created_at.isoformat()}
+                          for r in rows]))
+        return
+    table = Table(title=f"suppressions ({len(rows)})")
+    for column in ("address", "stream", "reason", "delivery", "since"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(redact_address(r.address) if not address else r.address, r.stream,
+                      r.reason, str(r.delivery_id or ""), r.created_at.isoformat())
+    console.print(table)
+
+
+@suppress.command()
+def add(ctx: typer.Context, address: str,
+        stream: Annotated[str, typer.Option(help="A lane, or * for every lane.")] = "*",
+        reason: Annotated[str, typer.Option(help="Why.")] = "operator") -> None:
+    """Stop sending to ADDRESS."""
+    try:
+        check_address(address, field="address")
+    except InvalidAddress as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    async def _add(store: Store) -> bool:
+        return await store.suppress(address, stream, reason)
+
+    created = run_with_store(ctx, _add)
+    console.print("suppressed" if created else "already suppressed")
+
+
+@suppress.command()
+def remove(
+    ctx: typer.Context, address: str,
+    stream: Annotated[str | None, typer.Option(help="Only this stream.")] = None,
+    replay: Annotated[bool, typer.Option(
+        help="Also send, with their original keys, the deliveries it stopped.")] = False,
+) -> None:
+    """Lift a suppression (and optionally replay what it stopped)."""
+
+    async def _remove(store: Store) -> tuple[int, list[int]]:
+        removed = await store.unsuppress(address, stream)
+        requeued = await store.requeue_suppressed(address) if replay else []
+        return removed, requeued
+
+    removed, requeued = run_with_store(ctx, _remove)
+    console.print(f"lifted {removed} suppression(s)"
+                  + (f"; requeued deliveries {requeued}" if replay else ""))

@@ -1,0 +1,155 @@
+"""Provider webhooks: verify, normalise, and record each delivery event exactly once.
+
+``receive(store, provider, headers, body)`` is what the HTTP route calls. Providers:
+
+- ``sandbox``: Standard Webhooks; secrets in ``POSTLANE_WEBHOOK_SECRET_SANDBOX``
+  (comma-separated: during a rotation both the old and the new secret verify).
+- ``resend``: the same scheme with ``svix-`` headers; ``POSTLANE_WEBHOOK_SECRET_RESEND``.
+- ``ses``: Amazon SNS notifications carrying SES events, verified against the SNS
+  certificate (fetched only from ``sns.<region>.amazonaws.com``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from postlane.store.base import ProviderEvent, Store
+from postlane.webhooks.signatures import (
+    CertFetcher,
+    WebhookRejected,
+    sign_standard,
+    verify_sns,
+    verify_standard,
+)
+
+__all__ = ["WebhookConfig", "WebhookRejected", "WebhookResult", "receive", "sign_standard"]
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookResult:
+    status: int
+    detail: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    secrets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    tolerance_s: int = 300
+    fetch_cert: CertFetcher | None = None
+    clock: Callable[[], float] = time.time
+
+    @classmethod
+    def from_env(cls) -> WebhookConfig:
+        secrets = {}
+        for provider in ("sandbox", "resend"):
+            raw = os.environ.get(f"POSTLANE_WEBHOOK_SECRET_{provider.upper()}", "")
+            secrets[provider] = tuple(s.strip() for s in raw.split(",") if s.strip())
+        return cls(secrets=secrets)
+
+    def secrets_for(self, provider: str) -> tuple[str, ...]:
+        return tuple(self.secrets.get(provider, ()))
+
+
+async def receive(store: Store, provider: str, headers: Mapping[str, str], body: bytes,
+                  config: WebhookConfig | None = None) -> WebhookResult:
+    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401)."""
+    config = config or WebhookConfig.from_env()
+    if provider in ("sandbox", "resend"):
+        prefix = "webhook" if provider == "sandbox" else "svix"
+        event_id = verify_standard(config.secrets_for(provider), headers, body,
+                                   now=config.clock(), prefix=prefix,
+                                   tolerance_s=config.tolerance_s)
+        event = _parse_standard(provider, event_id, body)
+    elif provider == "ses":
+        message = verify_sns(body, config.fetch_cert or _fetch_cert)
+        if message["Type"] != "Notification":
+            return WebhookResult(200, f"SNS {message['Type']} received; confirm the "
+                                      "subscription by visiting its SubscribeURL")
+        event = _parse_ses(str(message["MessageId"]), str(message.get("Message", "")))
+    else:
+        raise WebhookRejected(f"unknown webhook provider {provider!r} (sandbox, resend, ses)")
+    if event is None:
+        return WebhookResult(200, "event type ignored")
+    result = await store.record_provider_event(event)
+    detail = ("duplicate event, already processed" if result.duplicate
+              else "recorded" if result.delivery_id is not None
+              else "no delivery with that provider message id")
+    return WebhookResult(200, detail, [{
+        "event_id": event.event_id, "kind": event.kind, "delivery_id": result.delivery_id,
+        "duplicate": result.duplicate, "suppressed": result.suppressed,
+    }])
+
+
+_STANDARD_KINDS = {
+    "email.delivered": "delivered", "email.bounced": "bounced",
+    "email.complained": "complained", "email.opened": "opened", "email.clicked": "clicked",
+    "email.delivery_delayed": "deferred",
+}
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise WebhookRejected("body is not JSON") from None
+    if not isinstance(data, dict):
+        raise WebhookRejected("body is not a JSON object")
+    return data
+
+
+def _parse_standard(provider: str, event_id: str, body: bytes) -> ProviderEvent | None:
+    """The sandbox's and Resend's event shape: ``{"type": "email.bounced", "data": {...}}``."""
+    payload = _json(body)
+    kind = _STANDARD_KINDS.get(str(payload.get("type")))
+    data = payload.get("data")
+    if kind is None or not isinstance(data, dict):
+        return None
+    message_id = data.get("message_id") or data.get("email_id")
+    to = data.get("to")
+    recipient = to[0] if isinstance(to, list) and to else to if isinstance(to, str) else None
+    raw_bounce = data.get("bounce")
+    bounce: dict[str, Any] = raw_bounce if isinstance(raw_bounce, dict) else {}
+    bounce_type = str(data.get("bounce_type") or bounce.get("type") or "hard").lower()
+    if kind == "bounced" and bounce_type not in ("hard", "permanent"):
+        kind = "deferred"
+    return ProviderEvent(provider, event_id, kind, str(message_id) if message_id else None,
+                         recipient, {"type": payload.get("type"), "bounce_type": bounce_type}
+                         if kind in ("bounced", "deferred") else {"type": payload.get("type")})
+
+
+def _parse_ses(event_id: str, message_text: str) -> ProviderEvent | None:
+    try:
+        message = json.loads(message_text)
+    except ValueError:
+        raise WebhookRejected("SNS Message is not an SES event") from None
+    kind_name = str(message.get("eventType") or message.get("notificationType") or "")
+    mail = message.get("mail") or {}
+    recipients = mail.get("destination") or []
+    kind = {"Delivery": "delivered", "Complaint": "complained", "Open": "opened",
+            "Click": "clicked", "DeliveryDelay": "deferred"}.get(kind_name)
+    if kind_name == "Bounce":
+        bounce = message.get("bounce") or {}
+        kind = "bounced" if bounce.get("bounceType") == "Permanent" else "deferred"
+        bounced = bounce.get("bouncedRecipients") or []
+        if bounced:
+            recipients = [r.get("emailAddress") for r in bounced]
+    if kind is None:
+        return None
+    return ProviderEvent("ses", event_id, kind, mail.get("messageId"),
+                         recipients[0] if recipients else None, {"type": kind_name})
+
+
+@lru_cache(maxsize=16)
+def _fetch_cert(url: str) -> bytes:
+    import httpx
+
+    response = httpx.get(url, timeout=10)
+    response.raise_for_status()
+    return response.content

@@ -1,0 +1,152 @@
+"""Webhook signature schemes, verified before a byte of the payload is trusted.
+
+- Standard Webhooks (the sandbox; Svix, and so Resend, uses the same scheme with ``svix-``
+  headers): HMAC-SHA256 over ``id.timestamp.body``, ``v1,<base64>`` signatures, a timestamp
+  tolerance against replays, and several secrets at once during a rotation.
+- Amazon SNS (SES events): RSA over a canonical string, with the certificate fetched from
+  an ``sns.<region>.amazonaws.com`` URL and nowhere else.
+
+Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from postlane.errors import PostlaneError
+
+DEFAULT_TOLERANCE_S = 300
+
+
+class WebhookRejected(PostlaneError):
+    """The request is not a genuine, fresh event from the provider it claims to be from."""
+
+
+def _secret_key(secret: str) -> bytes:
+    try:
+        return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
+    except (binascii.Error, ValueError):
+        raise WebhookRejected("webhook secret is not base64 (whsec_...)") from None
+
+
+def sign_standard(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value for a payload (used by the sandbox and by tests)."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = hmac.new(_secret_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify_standard(
+    secrets: Sequence[str], headers: Mapping[str, str], body: bytes, *, now: float,
+    prefix: str = "webhook", tolerance_s: int = DEFAULT_TOLERANCE_S,
+) -> str:
+    """Verify a Standard Webhooks request; returns its message id (the event id)."""
+    if not secrets:
+        raise WebhookRejected("no webhook secret is configured for this provider")
+    lower = {k.lower(): v for k, v in headers.items()}
+    values = []
+    for name in ("id", "timestamp", "signature"):
+        value = lower.get(f"{prefix}-{name}")
+        if not value:
+            raise WebhookRejected(f"missing header {prefix}-{name}")
+        values.append(value)
+    message_id, timestamp_text, signatures = values
+    try:
+        timestamp = int(timestamp_text)
+    except ValueError:
+        raise WebhookRejected(f"{prefix}-timestamp is not a unix time") from None
+    if timestamp < now - tolerance_s:
+        raise WebhookRejected("timestamp is too old (possible replay)")
+    if timestamp > now + tolerance_s:
+        raise WebhookRejected("timestamp is in the future")
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    expected = [
+        base64.b64encode(hmac.new(_secret_key(s), signed, hashlib.sha256).digest())
+        for s in secrets
+    ]
+    for part in signatures.split():
+        version, _, signature = part.partition(",")
+        if version != "v1" or not signature:
+            continue
+        if any(hmac.compare_digest(signature.encode(), e) for e in expected):
+            return message_id
+    raise WebhookRejected("no valid signature (wrong secret, tampered body or bad format)")
+
+
+# -- Amazon SNS -------------------------------------------------------------------------
+_SNS_HOST = re.compile(r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+_SNS_FIELDS = {
+    "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
+    "SubscriptionConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
+                                 "TopicArn", "Type"),
+    "UnsubscribeConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
+                                "TopicArn", "Type"),
+}
+
+CertFetcher = Callable[[str], bytes]
+"""Returns the PEM certificate at a (validated) SigningCertURL."""
+
+
+def sns_string_to_sign(message: Mapping[str, Any]) -> bytes:
+    fields = _SNS_FIELDS.get(str(message.get("Type")))
+    if fields is None:
+        raise WebhookRejected(f"unknown SNS message type {message.get('Type')!r}")
+    lines = []
+    for name in fields:
+        if name in message and message[name] is not None:
+            lines += [name, str(message[name])]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def check_cert_url(url: str, allowed_hosts: re.Pattern[str] = _SNS_HOST) -> None:
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not allowed_hosts.match(parts.hostname or ""):
+        raise WebhookRejected("SigningCertURL is not an Amazon SNS https URL")
+
+
+def verify_sns(body: bytes, fetch_cert: CertFetcher,
+               allowed_hosts: re.Pattern[str] = _SNS_HOST) -> dict[str, Any]:
+    """Verify an SNS message; returns it parsed."""
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+    try:
+        message = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise WebhookRejected("body is not JSON") from None
+    if not isinstance(message, dict):
+        raise WebhookRejected("body is not an SNS message")
+    for name in ("Signature", "SigningCertURL", "SignatureVersion", "Type", "MessageId"):
+        if not message.get(name):
+            raise WebhookRejected(f"SNS message lacks {name}")
+    check_cert_url(str(message["SigningCertURL"]), allowed_hosts)
+    algorithm: hashes.HashAlgorithm
+    if message["SignatureVersion"] == "1":
+        algorithm = hashes.SHA1()
+    elif message["SignatureVersion"] == "2":
+        algorithm = hashes.SHA256()
+    else:
+        raise WebhookRejected("unknown SNS SignatureVersion")
+    try:
+        signature = base64.b64decode(str(message["Signature"]), validate=True)
+        cert = x509.load_pem_x509_certificate(fetch_cert(str(message["SigningCertURL"])))
+    except (binascii.Error, ValueError):
+        raise WebhookRejected("malformed SNS signature or certificate") from None
+    key = cert.public_key()
+    if not isinstance(key, rsa.RSAPublicKey):
+        raise WebhookRejected("SNS certificate does not hold an RSA key")
+    try:
+        key.verify(signature, sns_string_to_sign(message), padding.PKCS1v15(), algorithm)
+    except InvalidSignature:
+        raise WebhookRejected("SNS signature does not match") from None
+    return message
