@@ -166,32 +166,44 @@ def discard(ctx: typer.Context, delivery_id: int,
 
 def timeline(
     ctx: typer.Context,
-    id_or_key: Annotated[str, typer.Argument(help="Delivery id or idempotency key.")],
+    id_or_key: Annotated[str | None, typer.Argument(
+        help="Delivery id or idempotency key.")] = None,
+    recipient: Annotated[str | None, typer.Option(
+        help="Every delivery to this address (newest first).")] = None,
+    import_id: Annotated[str | None, typer.Option("--import", help="Every delivery of an import.")
+                         ] = None,
+    limit: Annotated[int, typer.Option(help="Most deliveries to show.")] = 20,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Every transition of one delivery, from enqueue to its last provider event."""
+    """Every transition of a delivery, from enqueue to its last provider event."""
+    if (id_or_key is None) == (recipient is None and import_id is None):
+        raise typer.BadParameter("give an id or key, or --recipient / --import")
 
-    async def _timeline(store: Store) -> tuple[Any, list[Event]]:
-        delivery = await store.get(id_or_key)
-        if delivery is None and id_or_key.isdigit():
-            delivery = await store.get(int(id_or_key))
-        if delivery is None:
-            return None, []
-        return delivery, await store.timeline(delivery.id)
+    async def _timelines(store: Store) -> list[tuple[Any, list[Event]]]:
+        if id_or_key is not None:
+            delivery = await store.get(id_or_key)
+            if delivery is None and id_or_key.isdigit():
+                delivery = await store.get(int(id_or_key))
+            found = [delivery] if delivery is not None else []
+        else:
+            found = await store.find_deliveries(recipient=recipient, import_id=import_id,
+                                                limit=limit)
+        return [(d, await store.timeline(d.id)) for d in found]
 
-    delivery, events = run_with_store(ctx, _timeline)
-    if delivery is None:
-        console.print(f"no delivery with id or key {id_or_key!r}")
+    timelines = run_with_store(ctx, _timelines)
+    if not timelines:
+        console.print("no matching delivery")
         raise typer.Exit(1)
     if as_json:
-        print(json.dumps({"delivery": delivery_json(delivery), "events": [
+        print(json.dumps([{"delivery": delivery_json(d), "events": [
             {"at": e.at.isoformat(), "kind": e.kind, "state": e.state, "data": e.data}
-            for e in events]}))
+            for e in events]} for d, events in timelines]))
         return
-    console.print(f"delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
-                  f"to={redact_address(delivery.recipient)} state={delivery.state} "
-                  f"attempts={delivery.attempts}")
-    for e in events:
-        data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "traceback")
-        console.print(f"  {e.at.strftime('%H:%M:%S.%f')[:-3]}  {e.kind:<16} "
-                      f"{e.state or '':<10} {data}", markup=False, highlight=False)
+    for delivery, events in timelines:
+        console.print(f"delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
+                      f"to={redact_address(delivery.recipient)} state={delivery.state} "
+                      f"attempts={delivery.attempts}", markup=False, highlight=False)
+        for e in events:
+            data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "traceback")
+            console.print(f"  {e.at.strftime('%H:%M:%S.%f')[:-3]}  {e.kind:<16} "
+                          f"{e.state or '':<10} {data}", markup=False, highlight=False)
