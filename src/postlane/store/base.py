@@ -485,6 +485,36 @@ class Store(abc.ABC):
     async def import_counts(self, import_id: str) -> ImportCounts:
         """What became of an import's deliveries, for the operator's four questions."""
 
+    # -- the HTTP API: keys, and requests made idempotent by their body -------------------
+    @abc.abstractmethod
+    async def enqueue_request(
+        self, message: Message, request_hash: str
+    ) -> tuple[EnqueueResult, str | None]:
+        """``enqueue`` for an HTTP request: a new delivery keeps ``request_hash`` (the hash of
+        the request's canonical body), written in the same transaction. Returns the result
+        and the hash kept with the delivery: this one when created, the first request's when
+        the key existed, None when the key was enqueued another way (outbox, CLI)."""
+
+    @abc.abstractmethod
+    async def create_api_key(
+        self, name: str, prefix: str, token_hash: str, scopes: Sequence[str]
+    ) -> ApiKey:
+        """Store a new key; only the hash of its token is kept."""
+
+    @abc.abstractmethod
+    async def get_api_key(
+        self, *, key_id: int | None = None, token_hash: str | None = None
+    ) -> ApiKey | None:
+        """A key by id or by the hash of its token, revoked or not."""
+
+    @abc.abstractmethod
+    async def list_api_keys(self) -> list[ApiKey]:
+        """Every key, revoked ones included, oldest first."""
+
+    @abc.abstractmethod
+    async def revoke_api_key(self, key_id: int) -> bool:
+        """Revoke an active key; False when no active key has that id."""
+
 
 def bound_response(text: str | None) -> str | None:
     """Keep a provider's response verbatim, but bounded."""
@@ -625,3 +655,20 @@ def check_template_id(message: Message, template: str) -> None:
             f"(template_id={message.template_id!r}, version={message.template_version!r})",
             field="template_id",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An HTTP API key as stored: the SHA-256 of its token, never the token itself."""
+
+    id: int
+    name: str
+    prefix: str
+    """The token's first characters (``pl_AbCd1234``), to tell keys apart in a list."""
+    scopes: tuple[str, ...]
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
