@@ -6,12 +6,17 @@
     │   ├── InvalidHeader
     │   ├── UnknownLane
     │   ├── InvalidKey
-    │   └── ContentTooLarge
+    │   ├── ContentTooLarge
+    │   ├── UnknownTemplate       no such template (or version)
+    │   ├── TemplateDeprecated    the template takes no new enqueues
+    │   └── TemplateError         a template failed to render (a missing variable...)
     ├── ConfigurationError        a bad URL, option or lane table
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
     ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
-    └── ReplayRefused             a dead-letter replay failed a check (expired, no canary yet)
+    ├── ReplayRefused             a dead-letter replay failed a check (expired, no canary yet)
+    ├── TemplateInUse             delete refused: deliveries still reference the template
+    └── ImportRejected            a bulk import stopped before writing (strict mode, bad file)
 
 Errors that concern a *send* (retry, stop, or reconcile) are not exceptions: a provider
 adapter turns them into an outcome class, see ``postlane.core.outcomes``.
@@ -70,3 +75,34 @@ class UnsupportedConnection(PostlaneError, TypeError):
 
 class ReplayRefused(PostlaneError):
     """A dead-letter replay failed one of its checks: still useful? cause fixed (canary)?"""
+
+
+class UnknownTemplate(InvalidMessage):
+    """The message names a template (or a version of one) that does not exist."""
+
+
+class TemplateDeprecated(InvalidMessage):
+    """The template is deprecated: it renders no new messages (queued ones still send)."""
+
+
+class TemplateError(InvalidMessage):
+    """The template failed to render for these variables: an undefined variable, a bad
+    filter, a construct the sandbox forbids, or a syntax error in a new version."""
+
+
+class TemplateInUse(PostlaneError):
+    """Deleting the template was refused: deliveries that may still be sent (pending,
+    sending, ambiguous) or replayed (open dead letters) reference it."""
+
+    def __init__(self, message: str, *, references: int) -> None:
+        super().__init__(message)
+        self.references = references
+
+
+class ImportRejected(PostlaneError, ValueError):
+    """A bulk import was refused before anything was written: a bad header, an unusable
+    template, or (with ``strict``) any bad row. ``problems`` are ``(line, reason)`` pairs."""
+
+    def __init__(self, message: str, *, problems: list[tuple[int, str]] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []

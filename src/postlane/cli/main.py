@@ -253,6 +253,8 @@ def _register() -> None:
     app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)
     app.command()(dlq_cli.timeline)
     app.add_typer(dlq_cli.dlq, name="dlq")
+    __import__("postlane.cli.templates", fromlist=["register"]).register(app)
+    __import__("postlane.cli.imports", fromlist=["register"]).register(app)
     from postlane.cli import suppress as suppress_cli
 
     app.add_typer(suppress_cli.suppress, name="suppress")

@@ -572,7 +572,7 @@ or replayed. Sent, cancelled, suppressed and discarded ones do not."""
 
 @dataclass(frozen=True, slots=True)
 class ImportProgress:
-    """An import run's counters, written with each batch (see ``enqueue_many_if_template_usable``)."""
+    """An import run's counters, written in each batch's transaction."""
 
     import_id: str
     rows_read: int

@@ -1,0 +1,348 @@
+"""Bulk import: one templated delivery per row of a CSV file, of any size, in constant memory.
+
+The file needs the columns ``user_id`` and ``email``; every column (those two included) is
+a template variable. Each row becomes one delivery in the bulk lane with the key
+``<template>:<user_id>:<import_id>`` and ``import_id`` set, so running the same import
+again, or resuming it after a crash half-way, creates nothing twice: the keys exist.
+
+Rows are streamed (the ``csv`` module over the file), rendered against one template version
+(the current one when the run starts), validated, and written in batches through
+``Store.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
+written in each batch's transaction. A bad row is skipped and reported with its line
+number; with ``strict`` the whole file is validated first and nothing is written if any
+row is bad. Problems with the file itself (a missing column, a variable the template needs
+that no column provides, bytes that are not UTF-8) stop the import either way.
+
+Operators see each import (``postlane imports show``): its run record, what became of its
+deliveries, and whether it is paused (``pause``: every worker stops claiming its
+deliveries within a second; nothing is deleted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from postlane.core.message import EnqueueResult, Message
+from postlane.core.validation import check_address, check_key, validate
+from postlane.errors import ImportRejected, InvalidMessage
+from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
+from postlane.templates import CompiledTemplate, _usable, check_name, compile_template
+from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "REQUIRED_COLUMNS",
+    "ImportReport",
+    "ImportStatus",
+    "RowProblem",
+    "import_csv",
+    "import_key",
+    "import_status",
+    "pause",
+    "resume",
+]
+
+REQUIRED_COLUMNS = ("user_id", "email")
+DEFAULT_BATCH_SIZE = 1000
+BULK_LANE = "bulk"
+MAX_PROBLEMS_KEPT = 1000
+"""Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
+
+Progress = Callable[[str, int, int], None]
+"""``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowProblem:
+    line: int
+    """Line of the file where the row starts (the header is line 1)."""
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
+
+
+@dataclass
+class ImportReport:
+    import_id: str
+    template: str
+    template_version: int
+    file_name: str
+    rows_read: int = 0
+    rows_enqueued: int = 0
+    """Rows written or found already written (a re-run enqueues every row, creates none)."""
+    rows_created: int = 0
+    rows_skipped: int = 0
+    problems: list[RowProblem] = field(default_factory=list)
+    """The first ``MAX_PROBLEMS_KEPT`` skipped rows, with their reasons."""
+    elapsed_s: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "import_id": self.import_id, "template": self.template,
+            "template_version": self.template_version, "file": self.file_name,
+            "rows_read": self.rows_read, "rows_enqueued": self.rows_enqueued,
+            "rows_created": self.rows_created, "rows_skipped": self.rows_skipped,
+            "problems": [{"line": p.line, "reason": p.reason} for p in self.problems],
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def import_key(template: str, user_id: str, import_id: str) -> str:
+    return f"{template}:{user_id}:{import_id}"
+
+
+class _Lines:
+    """The file's lines as text for ``csv.reader``, counting bytes for the progress bar."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self.handle = handle
+        self.bytes = 0
+        self.lines = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for raw in self.handle:
+            self.bytes += len(raw)
+            self.lines += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ImportRejected(
+                    f"line {self.lines}: not UTF-8 ({exc.reason} at byte {exc.start})",
+                    problems=[(self.lines, "not UTF-8")]) from None
+            if self.lines == 1:
+                text = text.removeprefix("\ufeff")
+            yield text
+
+
+class _Rows:
+    """Turns CSV rows into messages, or into problems."""
+
+    def __init__(self, store: Store, compiled: CompiledTemplate, header: list[str],
+                 import_id: str, lane: str) -> None:
+        self.store = store
+        self.compiled = compiled
+        self.header = header
+        self.width = len(header)
+        self.user_col = header.index("user_id")
+        self.email_col = header.index("email")
+        self.import_id = import_id
+        self.lane = lane
+        self.name = compiled.template.name
+
+    def message(self, row: list[str]) -> Message:
+        """The row's message; ``InvalidMessage`` (with the reason) when the row is bad."""
+        if len(row) != self.width:
+            raise InvalidMessage(f"has {len(row)} fields, the header has {self.width}")
+        user_id = row[self.user_col].strip()
+        email = row[self.email_col].strip()
+        if not user_id:
+            raise InvalidMessage("user_id is empty", field="user_id")
+        key = import_key(self.name, user_id, self.import_id)
+        check_key(key)
+        check_address(email, field="email")
+        variables = dict(zip(self.header, row, strict=True))
+        variables["user_id"], variables["email"] = user_id, email
+        message = self.compiled.message(variables, key=key, to=email, lane=self.lane,
+                                        import_id=self.import_id)
+        validate(message, self.store.limits)
+        return message
+
+
+def _read_header(reader: Iterator[list[str]], path: str,
+                 compiled: CompiledTemplate) -> list[str]:
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise ImportRejected(f"{path} is empty (no header line)") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise ImportRejected(
+            f"{path}: the header lacks the required column(s) {', '.join(missing)} "
+            f"(found: {', '.join(header) or 'none'})")
+    duplicates = sorted({h for h in header if header.count(h) > 1})
+    if duplicates:
+        raise ImportRejected(f"{path}: the header repeats column(s) {', '.join(duplicates)}")
+    unknown = sorted(compiled.variables - set(header))
+    if unknown:
+        raise ImportRejected(
+            f"template {compiled.template.name!r} v{compiled.template.version} uses "
+            f"{', '.join(unknown)}, not column(s) of {path} (columns: {', '.join(header)})")
+    return header
+
+
+def _rows(lines: _Lines) -> Iterator[tuple[int, list[str]]]:
+    """(line where the row starts, fields); blank lines are skipped."""
+    reader = csv.reader(lines, strict=True)
+    previous_end = 0
+    try:
+        for row in reader:
+            start, previous_end = previous_end + 1, reader.line_num
+            if row:
+                yield start, row
+    except csv.Error as exc:
+        raise ImportRejected(f"line {reader.line_num}: malformed CSV: {exc}",
+                             problems=[(reader.line_num, str(exc))]) from None
+
+
+async def import_csv(
+    store: Store, path: str | os.PathLike[str], *, template: str, import_id: str,
+    strict: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, lane: str = BULK_LANE,
+    on_progress: Progress | None = None,
+) -> ImportReport:
+    """Import ``path``: one delivery per valid row, in batches of ``batch_size``.
+
+    Raises ``ImportRejected`` when the file cannot be imported (nothing written), and
+    ``UnknownTemplate`` / ``TemplateDeprecated`` for an unusable template.
+    """
+    started = time.monotonic()
+    path = os.fspath(path)
+    check_name(template)
+    if not import_id or any(ord(c) < 32 or c == ":" for c in import_id):
+        raise ImportRejected(f"import id {import_id!r} must be non-empty, without ':' or "
+                             "control characters")
+    if batch_size < 1:
+        raise ImportRejected("batch size must be at least 1")
+    compiled = compile_template(_usable(await store.get_template(template), template, None))
+    version = compiled.template.version
+    file_name = Path(path).name
+    total = os.path.getsize(path)
+    report = ImportReport(import_id, template, version, file_name)
+
+    existing = await store.get_import(import_id)
+    if existing is not None and existing.template != template:
+        raise ImportRejected(f"import {import_id!r} was started with template "
+                             f"{existing.template!r}, not {template!r}")
+
+    if strict:
+        with open(path, "rb") as handle:
+            lines = _Lines(handle)
+            rows = _rows(lines)
+            header_rows = (row for _, row in rows)
+            header = _read_header(header_rows, file_name, compiled)
+            converter = _Rows(store, compiled, header, import_id, lane)
+            problems: list[tuple[int, str]] = []
+            count = 0
+            for line, row in rows:
+                try:
+                    converter.message(row)
+                except InvalidMessage as exc:
+                    count += 1
+                    if len(problems) < MAX_PROBLEMS_KEPT:
+                        problems.append((line, str(exc)))
+                if on_progress is not None and lines.lines % 1000 == 0:
+                    on_progress("validate", lines.bytes, total)
+            if problems:
+                more = f" (first {len(problems)} listed)" if count > len(problems) else ""
+                raise ImportRejected(
+                    f"{file_name}: {count} bad row(s){more}; strict mode: nothing was "
+                    "imported", problems=problems)
+
+    if await store.start_import(import_id, template, version, file_name, lane) is None:
+        raise ImportRejected(f"import {import_id!r} belongs to another template")
+
+    pending: asyncio.Task[list[EnqueueResult]] | None = None
+
+    async def settle() -> None:
+        nonlocal pending
+        if pending is not None:
+            results = await pending
+            pending = None
+            report.rows_created += sum(1 for r in results if r.created)
+
+    with open(path, "rb") as handle:
+        lines = _Lines(handle)
+        rows = _rows(lines)
+        header = _read_header((row for _, row in rows), file_name, compiled)
+        converter = _Rows(store, compiled, header, import_id, lane)
+        batch: list[Message] = []
+        try:
+            for line, row in rows:
+                report.rows_read += 1
+                try:
+                    batch.append(converter.message(row))
+                except InvalidMessage as exc:
+                    report.rows_skipped += 1
+                    if len(report.problems) < MAX_PROBLEMS_KEPT:
+                        report.problems.append(RowProblem(line, str(exc)))
+                if len(batch) >= batch_size:
+                    # One batch in flight while the next is parsed and rendered.
+                    await settle()
+                    report.rows_enqueued += len(batch)
+                    pending = asyncio.ensure_future(store.enqueue_many_if_template_usable(
+                        template, batch, _progress(report)))
+                    batch = []
+                    if on_progress is not None:
+                        on_progress("import", lines.bytes, total)
+            await settle()
+            report.rows_enqueued += len(batch)
+            results = await store.enqueue_many_if_template_usable(template, batch,
+                                                                  _progress(report))
+            report.rows_created += sum(1 for r in results if r.created)
+        finally:
+            if pending is not None:
+                # An error while parsing: let the in-flight batch finish (it is whole).
+                await asyncio.gather(pending, return_exceptions=True)
+    await store.finish_import(_progress(report))
+    report.elapsed_s = time.monotonic() - started
+    if on_progress is not None:
+        on_progress("import", total, total)
+    return report
+
+
+def _progress(report: ImportReport) -> ImportProgress:
+    return ImportProgress(report.import_id, report.rows_read, report.rows_enqueued,
+                          report.rows_skipped)
+
+
+# -- the operator's view -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ImportStatus:
+    import_id: str
+    record: ImportRecord | None
+    """None for deliveries enqueued with this import id by other means than an import run."""
+    counts: ImportCounts
+    paused: bool
+
+    def as_json(self) -> dict[str, Any]:
+        record = self.record
+        data: dict[str, Any] = {"import_id": self.import_id, "paused": self.paused}
+        if record is not None:
+            data.update({
+                "template": record.template, "template_version": record.template_version,
+                "file": record.file_name, "lane": record.lane, "runs": record.runs,
+                "started_at": record.started_at.isoformat(),
+                "last_started_at": record.last_started_at.isoformat(),
+                "finished_at": record.finished_at.isoformat() if record.finished_at else None,
+                "rows": {"read": record.rows_read, "enqueued": record.rows_enqueued,
+                         "created": record.rows_created, "skipped": record.rows_skipped},
+            })
+        data["deliveries"] = self.counts.as_json()
+        return data
+
+
+async def import_status(store: Store, import_id: str) -> ImportStatus | None:
+    """The run record, delivery counts and pause state; None if nothing has that id."""
+    record = await store.get_import(import_id)
+    counts = await store.import_counts(import_id)
+    if record is None and counts.created == 0:
+        return None
+    paused = IMPORT_PAUSE + import_id in await store.get_controls()
+    return ImportStatus(import_id, record, counts, paused)
+
+
+async def pause(store: Store, import_id: str, *, by: str = "operator") -> None:
+    """Every worker stops claiming this import's deliveries within a second; nothing is
+    deleted, and deliveries already claimed finish."""
+    await pause_import(store, import_id, by=by)
+
+
+async def resume(store: Store, import_id: str) -> None:
+    await resume_import(store, import_id)
