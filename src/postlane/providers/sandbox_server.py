@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -30,7 +33,6 @@ from postlane.providers.sandbox import SandboxConfig, SandboxEngine
 def create_app(engine: SandboxEngine) -> FastAPI:
     """The HTTP face of ``engine``; its config's ``timeout_delay_s`` and ``latency_s`` apply."""
     app = FastAPI(title="Postlane sandbox", docs_url=None, redoc_url=None)
-    config = engine.config
 
     @app.post("/v1/messages")
     async def post_message(request: Request) -> JSONResponse:
@@ -44,6 +46,7 @@ def create_app(engine: SandboxEngine) -> FastAPI:
         if not isinstance(body, dict) or not isinstance(body.get("to"), str):
             return JSONResponse({"error": "the body needs a 'to' address"}, 400)
         template = body.get("template_id")
+        config = engine.config
         if config.latency_s:
             await asyncio.sleep(config.latency_s)
         answer = engine.submit(key, body["to"], template if isinstance(template, str) else None)
@@ -104,5 +107,18 @@ async def serve(config: SandboxConfig, sock: socket.socket, *,
     ))
     if on_ready is not None:
         on_ready(listen_url(sock))
-    await server.serve(sockets=[sock])
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the
+    # handler that was there before it; a quiet one here lets the caller report and exit 0.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return engine
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    """The signal was handled by uvicorn's graceful shutdown already."""
