@@ -106,7 +106,7 @@ def test_sms_message_records_segments_and_encoding_in_metadata() -> None:
 def test_sms_message_refuses_too_many_segments_and_validation_checks_e164() -> None:
     with pytest.raises(InvalidMessage, match="11 GSM-7 segments"):
         sms_message(key="k", to="+4915112345678", text="a" * (153 * 10 + 1))
-    with pytest.raises(InvalidMessage, match="E.164"):
+    with pytest.raises(InvalidMessage, match=r"E\.164"):
         validate(sms_message(key="k", to="015112345678", text="hi"))
 
 
