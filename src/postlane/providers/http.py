@@ -133,7 +133,7 @@ def outcome_of_transport_error(exc: httpx.HTTPError) -> Outcome:
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
         return Outcome.transient(f"not sent: {text}")
     if isinstance(exc, (httpx.TimeoutException, httpx.NetworkError,
-                        httpx.RemoteProtocolError)):
+                        httpx.RemoteProtocolError, httpx.DecodingError)):
         return Outcome.ambiguous(f"no answer after the request left: {text}")
     # Anything else (a bad URL, a proxy refusing, a protocol error of ours) happens before
     # the provider saw a complete request.

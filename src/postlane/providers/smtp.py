@@ -161,6 +161,7 @@ class SMTPProvider(Provider):
 
     async def open(self) -> None:
         self._closed = False
+        self._slots = asyncio.Semaphore(self.config.pool)  # bound to the running loop
         if self._local_hostname is None:
             self._local_hostname = await asyncio.to_thread(socket.getfqdn)
 
