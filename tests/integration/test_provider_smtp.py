@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import shutil
 import socket
@@ -331,7 +332,9 @@ class Authenticator:
         return AuthResult(success=login == ("mailer", SECRET), handled=False)
 
 
-async def test_starttls_and_auth(tls_context: ssl.SSLContext) -> None:
+async def test_starttls_and_auth(tls_context: ssl.SSLContext,
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     handler, auth = Handler(), Authenticator()
     async with smtp_server(handler, tls_context=tls_context, require_starttls=True,
                            authenticator=auth, auth_require_tls=True) as server:
@@ -347,6 +350,8 @@ async def test_starttls_and_auth(tls_context: ssl.SSLContext) -> None:
     assert refused.kind is OutcomeClass.TRANSIENT
     assert "authentication failed" in (refused.response or "")
     assert SECRET not in (refused.response or "")
+    client_logs = [r.getMessage() for r in caplog.records if not r.name.startswith("mail.")]
+    assert all(SECRET not in line for line in client_logs)
 
 
 async def test_starttls_required_but_not_offered_is_transient() -> None:
