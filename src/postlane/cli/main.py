@@ -258,6 +258,8 @@ def _register() -> None:
     from postlane.cli import suppress as suppress_cli
 
     app.add_typer(suppress_cli.suppress, name="suppress")
+    app.command()(__import__("postlane.cli.serve", fromlist=["serve"]).serve)
+    app.add_typer(__import__("postlane.cli.apikeys", fromlist=["apikey"]).apikey, name="apikey")
 
 
 _register()

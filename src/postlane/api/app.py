@@ -1,0 +1,194 @@
+"""The FastAPI application: ``/v1`` (JSON, API keys), ``/dashboard`` (HTML, a session from
+an API key), ``/metrics`` (Prometheus) and ``/healthz``; one store per process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from postlane import __version__
+from postlane.api import problems
+from postlane.api.models import Health
+from postlane.api.problems import problem_response
+from postlane.api.routes import router
+from postlane.api.sessions import Sessions
+from postlane.api.state import AppState, app_state
+from postlane.core.lanes import DEFAULT_LANES
+from postlane.core.validation import Limits
+from postlane.metrics import CONTENT_TYPE, FleetSampler, StoreCollector
+from postlane.store import open_store
+from postlane.store.migrations import ensure_migrated
+
+log = logging.getLogger("postlane.api")
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+
+DESCRIPTION = """\
+Postlane's HTTP API: queue messages idempotently, find them and their timelines, triage
+and replay dead letters, pause lanes, read the four numbers.
+
+**Authentication.** `Authorization: Bearer pl_...` with a key from `postlane apikey create
+--scopes ...`. Scopes: `send` (queue messages), `read` (every GET), `operate` (replay,
+discard, pause, resume). No key or an unknown one: 401; a key without the scope: 403.
+
+**Idempotency.** `POST /v1/messages` requires an `Idempotency-Key` header (400 without it):
+the delivery's idempotency key. Repeating a request with the same key and body returns the
+original answer; the same key with a different body is refused with 422.
+
+**Errors** are problem details (RFC 9457, `application/problem+json`): `type`, `title`,
+`status`, `detail`, plus `field` or `errors` for invalid input. Bodies over the size limit
+(1 MiB by default) are refused with 413.
+"""
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` with 413, by Content-Length when declared and
+    by counting otherwise (chunked uploads)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send, int(declared))
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except BodyTooLarge:
+            if started:  # pragma: no cover - every route reads its body before answering
+                raise
+            await self._refuse(scope, receive, send, seen)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        response = problem_response(
+            413, problems.TYPE_BASE + "body-too-large", "Body too large",
+            f"the request body is {'over ' if size <= self.max_bytes else ''}{size} bytes; "
+            f"the limit is {self.max_bytes} bytes", headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+
+def create_app(
+    store_url: str,
+    *,
+    lanes: Sequence[str] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    session_secret: str | bytes | None = None,
+    sample_interval_s: float = 5.0,
+    cookie_secure: bool = False,
+    dashboard: bool = True,
+) -> FastAPI:
+    """The Postlane HTTP app over the database at ``store_url``.
+
+    ``lanes``: the configured lane names (default: interactive, bulk). ``session_secret``
+    signs dashboard sessions (default: ``$POSTLANE_SESSION_SECRET`` or one per process).
+    ``sample_interval_s``: how often the dashboard's in-memory charts sample the store.
+    ``cookie_secure``: set when served over HTTPS.
+    """
+    lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
+    state = AppState(store_url=store_url, lanes=lane_names,
+                     sessions=Sessions(session_secret), max_body_bytes=max_body_bytes,
+                     cookie_secure=cookie_secure)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(store_url, limits=Limits(lanes=lane_names))
+        await store.open()
+        sampler_task: asyncio.Task[None] | None = None
+        try:
+            ensure_migrated(await store.pending_migrations())
+            state.store = store
+            state.sampler = FleetSampler(store, interval_s=max(sample_interval_s, 0.1))
+            state.collector = StoreCollector(state.sampler)
+            if sample_interval_s > 0:
+                sampler_task = asyncio.create_task(state.sampler.run(), name="stats-sampler")
+            yield
+        finally:
+            if sampler_task is not None:
+                sampler_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler_task
+            state.store = None
+            await store.close()
+
+    app = FastAPI(
+        title="Postlane", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+        openapi_tags=[
+            {"name": "messages", "description": "Queue messages and follow them."},
+            {"name": "dead letters", "description": "Triage, staged replay, discard."},
+            {"name": "operating", "description": "Pauses and the four numbers."},
+            {"name": "webhooks", "description": "Provider delivery events."},
+            {"name": "service", "description": "Health and metrics."},
+        ],
+    )
+    app.state.postlane = state
+    problems.install(app)
+    app.include_router(router)
+
+    @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
+    async def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics (no API key)",
+             response_class=Response,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                              "description": "The exposition format, version 0.0.4."},
+                        **problems.problem_responses(503)})
+    async def metrics(request: Request) -> Response:
+        """Gauges read from the store at scrape time (a reading younger than a second is
+        reused): depth and oldest age per lane, attempts, states, open dead letters, pauses,
+        breakers. Aggregates only; nothing about a single message."""
+        current = app_state(request)
+        current.require_store()
+        assert current.collector is not None
+        return Response(await current.collector.render(), media_type=CONTENT_TYPE)
+
+    if dashboard:
+        from postlane.dashboard import mount
+
+        mount(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes,
+                                 tags=app.openapi_tags)
+            app.openapi_schema = problems.fix_problem_media_types(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app

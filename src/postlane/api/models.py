@@ -1,0 +1,329 @@
+"""The API's request and response bodies (pydantic), and their conversions from core values."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+from postlane.core.message import Delivery, Message
+from postlane.dead_letters import ReplayPlan
+from postlane.store.base import DeadLetter, Event
+
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Longest duration accepted anywhere (ten years): beyond it a date no longer fits."""
+
+
+def check_text(value: str) -> str:
+    """Refuse what no database column can hold: NUL characters and lone surrogates."""
+    if "\x00" in value:
+        raise ValueError("contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (a lone surrogate)") from None
+    return value
+
+
+def check_json(value: Any) -> Any:
+    """``check_text`` on every string of a JSON value, and no NaN or infinity."""
+    if isinstance(value, str):
+        check_text(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(str(key))
+            check_json(item)
+    elif isinstance(value, list):
+        for item in value:
+            check_json(item)
+    elif isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        raise ValueError("NaN and infinity are not JSON")
+    return value
+
+
+Text = Annotated[str, AfterValidator(check_text)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- messages ----------------------------------------------------------------------------
+class MessageIn(Strict):
+    """A send intent, already rendered. The idempotency key comes in the
+    ``Idempotency-Key`` header, not in the body."""
+
+    to: Text = Field(min_length=1, max_length=320,
+                     description="Recipient: an email address, or an E.164 number for SMS.")
+    subject: Text = Field(default="", max_length=998)
+    text: Text | None = Field(default=None, description="Plain-text body (text or html, or both).")
+    html: Text | None = None
+    lane: Text = Field(default="interactive", min_length=1, max_length=100,
+                       description="A configured lane: interactive or bulk by default.")
+    sender: Text | None = Field(default=None, max_length=320, description="The From address.")
+    headers: dict[Text, Text] = Field(default_factory=dict,
+                                      description="Extra headers (no CR or LF).")
+    metadata: JsonObject = Field(default_factory=dict,
+                                 description="Yours: kept with the delivery, passed to "
+                                             "providers that take metadata.")
+    channel: Literal["email", "sms"] = "email"
+    import_id: Text | None = Field(default=None, min_length=1, max_length=200)
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="The end of the message's usefulness (with a time zone); no "
+                          "attempt is made after it. At most one of expires_at, expires_in_s.")
+    expires_in_s: Seconds | None = Field(
+        default=None, description="Validity window in seconds, counted from enqueue.")
+    delay_s: Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)] | None = Field(
+        default=None, description="Do not send before enqueue time plus this many seconds.")
+
+    def request_hash(self) -> str:
+        """SHA-256 of the canonical body: defaults filled in, keys sorted, no whitespace."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True,
+                               separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def message(self, key: str) -> Message:
+        return Message(
+            key=key, to=self.to, subject=self.subject, text=self.text, html=self.html,
+            lane=self.lane, sender=self.sender, headers=dict(self.headers),
+            metadata=dict(self.metadata), channel=self.channel, import_id=self.import_id,
+            expires_at=self.expires_at,
+            expires_in=timedelta(seconds=self.expires_in_s) if self.expires_in_s else None,
+            delay=timedelta(seconds=self.delay_s) if self.delay_s else None,
+        )
+
+
+class MessageLinks(BaseModel):
+    self_: str = Field(serialization_alias="self", description="This message, with its "
+                                                               "timeline.")
+
+
+class MessageAccepted(BaseModel):
+    """The answer to ``POST /v1/messages``: only what never changes, so that repeating the
+    request returns exactly this again."""
+
+    id: int
+    key: str = Field(description="The idempotency key (the request's Idempotency-Key).")
+    lane: str
+    channel: str
+    created_at: datetime
+    links: MessageLinks
+
+    @classmethod
+    def of(cls, delivery: Delivery) -> MessageAccepted:
+        return cls(id=delivery.id, key=delivery.key, lane=delivery.lane,
+                   channel=delivery.channel, created_at=delivery.created_at,
+                   links=MessageLinks(self_=f"/v1/messages/{delivery.id}"))
+
+
+class MessageOut(BaseModel):
+    """A delivery as it is now."""
+
+    id: int
+    key: str
+    state: str
+    lane: str
+    channel: str
+    to: str
+    sender: str | None
+    subject: str
+    attempts: int
+    run_at: datetime
+    expires_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    sent_at: datetime | None
+    finished_at: datetime | None
+    provider_message_id: str | None
+    dead_reason: str | None
+    last_error: str | None
+    import_id: str | None
+    template_id: str | None
+    template_version: int | None
+    headers: dict[str, str]
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, d: Delivery) -> MessageOut:
+        return cls(
+            id=d.id, key=d.key, state=str(d.state), lane=d.lane, channel=d.channel,
+            to=d.recipient, sender=d.sender, subject=d.subject, attempts=d.attempts,
+            run_at=d.run_at, expires_at=d.expires_at, created_at=d.created_at,
+            updated_at=d.updated_at, sent_at=d.sent_at, finished_at=d.finished_at,
+            provider_message_id=d.provider_message_id, dead_reason=d.dead_reason,
+            last_error=d.last_error, import_id=d.import_id, template_id=d.template_id,
+            template_version=d.template_version, headers=dict(d.headers),
+            metadata=dict(d.metadata),
+        )
+
+
+class EventOut(BaseModel):
+    """One transition of a delivery."""
+
+    at: datetime
+    kind: str = Field(description="enqueued, claimed, sent, retry_scheduled, throttled, "
+                                  "dead_lettered, replayed, delivered, bounced, ...")
+    state: str | None
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, e: Event) -> EventOut:
+        return cls(at=e.at, kind=e.kind, state=e.state, data=dict(e.data))
+
+
+class MessageDetail(BaseModel):
+    message: MessageOut
+    timeline: list[EventOut]
+
+
+class MessageList(BaseModel):
+    messages: list[MessageOut] = Field(description="Newest first.")
+
+
+# -- dead letters ------------------------------------------------------------------------
+class DeadLetterOut(BaseModel):
+    delivery_id: int
+    reason: str
+    key: str | None
+    lane: str | None
+    to: str | None
+    template_id: str | None
+    import_id: str | None
+    dead_at: datetime
+    last_response: str | None
+    replay_count: int
+    replayed_at: datetime | None
+    state: str | None = Field(description="The delivery's state now (dead or expired while "
+                                          "the entry is open).")
+    discarded_at: datetime | None
+
+    @classmethod
+    def of(cls, e: DeadLetter) -> DeadLetterOut:
+        s = e.snapshot
+        return cls(
+            delivery_id=e.delivery_id, reason=e.reason, key=_opt_str(s.get("idempotency_key")),
+            lane=_opt_str(s.get("lane")), to=_opt_str(s.get("recipient")),
+            template_id=_opt_str(s.get("template_id")), import_id=_opt_str(s.get("import_id")),
+            dead_at=e.dead_at, last_response=e.last_response, replay_count=e.replay_count,
+            replayed_at=e.replayed_at, state=e.delivery_state, discarded_at=e.discarded_at,
+        )
+
+
+class DeadLetterDetail(DeadLetterOut):
+    snapshot: dict[str, Any] = Field(description="The delivery as it was meant to be sent.")
+    attempt_history: list[dict[str, Any]]
+    replayed_by: str | None
+    discard_reason: str | None
+
+    @classmethod
+    def of(cls, e: DeadLetter) -> DeadLetterDetail:
+        return cls(**DeadLetterOut.of(e).model_dump(), snapshot=dict(e.snapshot),
+                   attempt_history=list(e.attempt_history), replayed_by=e.replayed_by,
+                   discard_reason=e.discard_reason)
+
+
+class DeadLetterList(BaseModel):
+    dead_letters: list[DeadLetterOut] = Field(description="Oldest first.")
+    by_reason: dict[str, int] = Field(description="Counts of the entries listed, by reason.")
+
+
+class ReplayOneIn(Strict):
+    valid_for_s: Seconds | None = Field(
+        default=None, description="Refuse if the delivery was created longer ago than this.")
+    dry_run: bool = False
+
+
+class ReplayOneOut(BaseModel):
+    delivery_id: int
+    key: str | None = Field(description="The original idempotency key, kept.")
+    replayed: bool = Field(description="False on a dry run.")
+    next: str
+
+
+class SelectionIn(Strict):
+    """A triage selection: the entries of the dead-letter list with these filters."""
+
+    reason: Text | None = None
+    lane: Text | None = None
+    template_id: Text | None = None
+    import_id: Text | None = None
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
+
+
+class ReplaySelectionIn(SelectionIn):
+    valid_for_s: Seconds | None = Field(
+        default=None, description="Skip entries whose delivery was created longer ago than this.")
+    dry_run: bool = False
+    limit: int = Field(default=1000, ge=1, le=10_000)
+
+
+class ReplayPlanOut(BaseModel):
+    canary: int | None = Field(description="The entry of the selection that was replayed "
+                                           "first and sent.")
+    replayed: list[int] = Field(description="Replayed now (on a dry run: would be).")
+    skipped_expired: list[int] = Field(description="No longer useful: discard them.")
+    dry_run: bool
+
+    @classmethod
+    def of(cls, plan: ReplayPlan) -> ReplayPlanOut:
+        return cls(canary=plan.canary, replayed=list(plan.replay),
+                   skipped_expired=list(plan.skipped_expired), dry_run=plan.dry_run)
+
+
+class DiscardIn(Strict):
+    reason: Text = Field(min_length=1, max_length=1000, description="Why it is not replayed.")
+
+
+class DiscardOut(BaseModel):
+    delivery_id: int
+    discarded: bool
+    reason: str
+
+
+# -- operating ---------------------------------------------------------------------------
+class LaneControlOut(BaseModel):
+    lane: str
+    paused: bool
+
+
+class LaneStatusOut(BaseModel):
+    depth: int
+    oldest_age_s: float
+
+
+class StatusOut(BaseModel):
+    """The same object as ``postlane status --json``."""
+
+    lanes: dict[str, LaneStatusOut]
+    states: dict[str, int]
+    attempts: dict[str, int] = Field(description="Active deliveries by the attempt they are on.")
+    dead_letters: dict[str, int] = Field(description="Open dead letters by reason.")
+    paused_lanes: list[str]
+    paused_imports: list[str]
+    breakers: dict[str, dict[str, Any]]
+
+
+class WebhookOut(BaseModel):
+    status: int
+    detail: str
+    events: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def selection_kwargs(selection: SelectionIn) -> dict[str, Any]:
+    return {"reason": selection.reason, "lane": selection.lane,
+            "template_id": selection.template_id, "import_id": selection.import_id,
+            "since": selection.since, "until": selection.until}

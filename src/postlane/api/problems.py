@@ -1,0 +1,189 @@
+"""Errors as problem details (RFC 9457): ``application/problem+json`` with a specific message.
+
+Every error the API answers with has ``type`` (a URI naming the kind of problem), ``title``
+(the same for every occurrence of that type), ``status`` and ``detail`` (this occurrence, in
+words an operator can act on). Validation errors add ``field`` (from
+``postlane.errors.InvalidMessage``) or ``errors`` (one per invalid part of the request).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from postlane.errors import InvalidMessage, MigrationRequired, ReplayRefused, StoreError
+
+log = logging.getLogger("postlane.api")
+
+MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "urn:postlane:problem:"
+
+
+class FieldError(BaseModel):
+    location: str = Field(description="Where: `body.to`, `query.limit`, `header.idempotency-key`.")
+    message: str
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 problem details."""
+
+    type: str = Field(description="A URI naming the kind of problem "
+                                  "(`urn:postlane:problem:<name>`, or `about:blank`).")
+    title: str = Field(description="A short summary, the same for every problem of this type.")
+    status: int = Field(description="The HTTP status code.")
+    detail: str = Field(description="What went wrong this time, specifically.")
+    field: str | None = Field(default=None, description="The message field at fault, when one is.")
+    errors: list[FieldError] | None = Field(
+        default=None, description="Every invalid part of the request, for validation errors.")
+
+
+class ProblemError(Exception):
+    """Raised by routes; answered as problem details."""
+
+    def __init__(self, status: int, name: str, title: str, detail: str, *,
+                 field: str | None = None, errors: Sequence[FieldError] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.name = name
+        self.title = title
+        self.detail = detail
+        self.field = field
+        self.errors = list(errors) if errors is not None else None
+        self.headers = headers
+
+
+def problem_response(status: int, type_: str, title: str, detail: str, *,
+                     field: str | None = None, errors: Sequence[FieldError] | None = None,
+                     headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"type": type_, "title": title, "status": status, "detail": detail}
+    if field is not None:
+        body["field"] = field
+    if errors is not None:
+        body["errors"] = [e.model_dump() for e in errors]
+    return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def not_found(detail: str) -> ProblemError:
+    return ProblemError(404, "not-found", "Not found", detail)
+
+
+def unauthorized(detail: str) -> ProblemError:
+    return ProblemError(401, "unauthorized", "Authentication required", detail,
+                        headers={"WWW-Authenticate": 'Bearer realm="postlane"'})
+
+
+def forbidden(detail: str) -> ProblemError:
+    return ProblemError(403, "forbidden", "Missing scope", detail)
+
+
+# -- OpenAPI: the error responses each route declares ------------------------------------
+DESCRIPTIONS = {
+    400: "The request is malformed (not JSON, or a required header is missing).",
+    401: "No API key, or an unknown or revoked one.",
+    403: "The API key lacks the scope this route needs.",
+    404: "Nothing with that id.",
+    409: "The operation conflicts with the current state (e.g. a replay whose canary was "
+         "not sent yet).",
+    413: "The request body is over the size limit.",
+    422: "The request is well-formed but invalid; `field` or `errors` says where.",
+    503: "The database is unreachable or its schema is not migrated.",
+}
+
+
+def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: each code answered with a ``Problem``."""
+    return {code: {"model": Problem, "description": DESCRIPTIONS[code]} for code in codes}
+
+
+def fix_problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI documents every response model as ``application/json``; errors are
+    ``application/problem+json``."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            for code, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if code[:1] in "45" and "application/json" in content:
+                    content[MEDIA_TYPE] = content.pop("application/json")
+    return schema
+
+
+# -- handlers ----------------------------------------------------------------------------
+def _location(loc: Iterable[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "header" and len(parts) > 1:
+        parts[1] = parts[1].replace("_", "-")
+    return ".".join(parts)
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error as problem details."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(exc.status, TYPE_BASE + exc.name, exc.title, exc.detail,
+                                field=exc.field, errors=exc.errors, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        raw = list(exc.errors())
+        errors = [FieldError(location=_location(e.get("loc", ())), message=str(e.get("msg")))
+                  for e in raw]
+        if any(e.get("type") == "json_invalid" for e in raw):
+            first = next(e for e in raw if e.get("type") == "json_invalid")
+            where = first.get("ctx", {}).get("error", "")
+            return problem_response(400, TYPE_BASE + "malformed-body", "Malformed body",
+                                    f"the body is not valid JSON ({where})" if where
+                                    else "the body is not valid JSON", errors=errors)
+        missing_headers = [e for e in raw if e.get("type") == "missing"
+                           and tuple(e.get("loc", ()))[:1] == ("header",)]
+        if missing_headers:
+            name = _location(missing_headers[0]["loc"]).removeprefix("header.")
+            return problem_response(400, TYPE_BASE + "missing-header", "Missing header",
+                                    f"the {name} header is required", errors=errors)
+        first_error = errors[0] if errors else None
+        detail = (f"{first_error.location}: {first_error.message}" if first_error
+                  else "the request is invalid")
+        if len(errors) > 1:
+            detail += f" (and {len(errors) - 1} more)"
+        return problem_response(422, TYPE_BASE + "invalid-request", "Invalid request", detail,
+                                errors=errors)
+
+    @app.exception_handler(InvalidMessage)
+    async def _invalid_message(request: Request, exc: InvalidMessage) -> JSONResponse:
+        return problem_response(422, TYPE_BASE + "invalid-message", "Invalid message",
+                                str(exc), field=exc.field)
+
+    @app.exception_handler(ReplayRefused)
+    async def _replay_refused(request: Request, exc: ReplayRefused) -> JSONResponse:
+        return problem_response(409, TYPE_BASE + "replay-refused", "Replay refused", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        title = ("Database not migrated" if isinstance(exc, MigrationRequired)
+                 else "Database unavailable")
+        return problem_response(503, TYPE_BASE + "store-unavailable", title, str(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        phrase = HTTPStatus(exc.status_code).phrase
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else (
+            f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405)
+            else phrase)
+        return problem_response(exc.status_code, "about:blank", phrase, detail,
+                                headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return problem_response(500, TYPE_BASE + "internal", "Internal error",
+                                f"an unexpected {type(exc).__name__}; see the server log")

@@ -1,0 +1,302 @@
+"""``/v1``: messages, dead letters, lanes, status, webhooks.
+
+Each route is a few lines over a core function (``submit``, ``replay_one``,
+``replay_selection``, ``pause_lane``, ``fleet_status``, ``webhooks.receive``); the rules
+live there, so the API, the dashboard and the CLI cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
+from pydantic import AwareDatetime
+
+from postlane.api.models import (
+    DeadLetterDetail,
+    DeadLetterList,
+    DeadLetterOut,
+    DiscardIn,
+    DiscardOut,
+    EventOut,
+    LaneControlOut,
+    MessageAccepted,
+    MessageDetail,
+    MessageIn,
+    MessageList,
+    MessageOut,
+    ReplayOneIn,
+    ReplayOneOut,
+    ReplayPlanOut,
+    ReplaySelectionIn,
+    StatusOut,
+    Text,
+    WebhookOut,
+    selection_kwargs,
+)
+from postlane.api.problems import ProblemError, not_found, problem_responses
+from postlane.api.state import AppState, actor, app_state, get_store, require
+from postlane.api.submit import IdempotencyConflict, submit
+from postlane.dead_letters import replay_one, replay_selection
+from postlane.metrics import fleet_status
+from postlane.store.base import ApiKey, DeadLetterFilter, Store
+from postlane.worker.controls import pause_lane, resume_lane
+
+router = APIRouter(prefix="/v1")
+
+MAX_ID = 2**63 - 1
+DeliveryId = Annotated[int, Path(ge=1, le=MAX_ID, description="The delivery's id.")]
+StoreDep = Annotated[Store, Depends(get_store)]
+Sender = Annotated[ApiKey, Depends(require("send"))]
+Reader = Annotated[ApiKey, Depends(require("read"))]
+Operator = Annotated[ApiKey, Depends(require("operate"))]
+
+READ_ERRORS = problem_responses(401, 403, 422, 503)
+OPERATE_ERRORS = problem_responses(401, 403, 404, 409, 413, 422, 503)
+
+
+# -- messages ----------------------------------------------------------------------------
+@router.post(
+    "/messages", status_code=201, response_model=MessageAccepted, tags=["messages"],
+    summary="Queue a message (idempotent)",
+    responses={
+        201: {"description": "Queued (or, for a repeat of the same request, the original "
+                             "answer again, with `Idempotent-Replayed: true`).",
+              "headers": {
+                  "Location": {"description": "The message.", "schema": {"type": "string"}},
+                  "Idempotent-Replayed": {"description": "`true` when this answers a repeat.",
+                                          "schema": {"type": "string"}}}},
+        **problem_responses(400, 401, 403, 413, 422, 503),
+    },
+)
+async def post_message(
+    body: MessageIn,
+    response: Response,
+    store: StoreDep,
+    _key: Sender,
+    idempotency_key: Annotated[str, Header(
+        alias="Idempotency-Key", min_length=1, max_length=255,
+        pattern=r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$",
+        description="Required. The delivery's idempotency key, derived from the business "
+                    "event (`reset:<token-id>`). The same key with the same body returns "
+                    "the original answer; with a different body it is refused (422). "
+                    "Without it the request is refused (400).")],
+) -> MessageAccepted:
+    """Durable when this returns. Scope: `send`."""
+    try:
+        delivery, created = await submit(store, idempotency_key, body)
+    except IdempotencyConflict as exc:
+        raise ProblemError(422, "idempotency-key-reused", "Idempotency-Key reused",
+                           str(exc), field="Idempotency-Key") from None
+    response.headers["Location"] = f"/v1/messages/{delivery.id}"
+    if not created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return MessageAccepted.of(delivery)
+
+
+@router.get("/messages/{delivery_id}", response_model=MessageDetail, tags=["messages"],
+            summary="A message and its timeline", responses=problem_responses(401, 403, 404,
+                                                                              422, 503))
+async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) -> MessageDetail:
+    """Every transition from enqueue to the last provider event. Scope: `read`."""
+    delivery = await store.get(delivery_id)
+    if delivery is None:
+        raise not_found(f"no message with id {delivery_id}")
+    events = await store.timeline(delivery.id)
+    return MessageDetail(message=MessageOut.of(delivery),
+                         timeline=[EventOut.of(e) for e in events])
+
+
+@router.get("/messages", response_model=MessageList, tags=["messages"],
+            summary="Find messages by key, recipient or import", responses=READ_ERRORS)
+async def find_messages(
+    store: StoreDep, _key: Reader,
+    key: Annotated[Text | None, Query(min_length=1, max_length=255,
+                                      description="Idempotency key.")] = None,
+    recipient: Annotated[Text | None, Query(min_length=1, max_length=320)] = None,
+    import_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> MessageList:
+    """At least one of `key`, `recipient`, `import_id` (422 otherwise). Scope: `read`."""
+    if key is None and recipient is None and import_id is None:
+        raise ProblemError(422, "invalid-request", "Invalid request",
+                           "give key, recipient or import_id to search by")
+    found = await store.find_deliveries(key=key, recipient=recipient, import_id=import_id,
+                                        limit=limit)
+    return MessageList(messages=[MessageOut.of(d) for d in found])
+
+
+# -- dead letters ------------------------------------------------------------------------
+@router.get("/dead-letters", response_model=DeadLetterList, tags=["dead letters"],
+            summary="Triage: dead letters by reason, lane, template, import, time",
+            responses=READ_ERRORS)
+async def list_dead_letters(
+    store: StoreDep, _key: Reader,
+    reason: Annotated[Text | None, Query(max_length=100, description=(
+        "permanent, budget_exhausted, expired, handler_error, ambiguous_unresolved"))] = None,
+    lane: Annotated[Text | None, Query(max_length=100)] = None,
+    template_id: Annotated[Text | None, Query(max_length=200)] = None,
+    import_id: Annotated[Text | None, Query(max_length=200)] = None,
+    since: Annotated[AwareDatetime | None, Query(description="Dead-lettered at or after "
+                                                             "(ISO 8601, with a zone).")] = None,
+    until: Annotated[AwareDatetime | None, Query(description="Dead-lettered before.")] = None,
+    replayed: Annotated[bool | None, Query(description="Only entries replayed before "
+                                                       "(true) or never (false).")] = None,
+    include_closed: Annotated[bool, Query(description="Also discarded entries and "
+                                                      "replayed-and-sent ones.")] = False,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> DeadLetterList:
+    """Oldest first; open entries unless `include_closed`. Scope: `read`."""
+    entries = await store.list_dead_letters(
+        DeadLetterFilter(reason=reason, lane=lane, template_id=template_id,
+                         import_id=import_id, since=since, until=until, replayed=replayed,
+                         include_closed=include_closed), limit=limit)
+    return DeadLetterList(dead_letters=[DeadLetterOut.of(e) for e in entries],
+                          by_reason=dict(Counter(e.reason for e in entries)))
+
+
+@router.get("/dead-letters/{delivery_id}", response_model=DeadLetterDetail,
+            tags=["dead letters"], summary="Everything a dead letter keeps",
+            responses=problem_responses(401, 403, 404, 422, 503))
+async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
+                          _key: Reader) -> DeadLetterDetail:
+    """Snapshot, reason, the provider's last response verbatim, attempt history.
+    Scope: `read`."""
+    entry = await store.dead_letter(delivery_id)
+    if entry is None:
+        raise not_found(f"no dead letter for delivery {delivery_id}")
+    return DeadLetterDetail.of(entry)
+
+
+@router.post("/dead-letters/{delivery_id}/replay", response_model=ReplayOneOut,
+             tags=["dead letters"], summary="Replay one entry (the canary)",
+             responses=OPERATE_ERRORS)
+async def replay_dead_letter(
+    delivery_id: DeliveryId, store: StoreDep, key: Operator,
+    body: Annotated[ReplayOneIn | None, Body()] = None,
+) -> ReplayOneOut:
+    """Sends the same row again: same key, same rendered content, a fresh attempt budget.
+    Refused (409) when discarded, not dead, or no longer useful. Once it is sent, replay the
+    rest of its selection with `POST /v1/dead-letters/replay`. Scope: `operate`."""
+    body = body or ReplayOneIn()
+    if await store.dead_letter(delivery_id) is None:
+        raise not_found(f"no dead letter for delivery {delivery_id}")
+    window = timedelta(seconds=body.valid_for_s) if body.valid_for_s else None
+    entry = await replay_one(store, delivery_id, by=actor(key), valid_for=window)
+    return ReplayOneOut(
+        delivery_id=entry.delivery_id, key=_str(entry.snapshot.get("idempotency_key")),
+        replayed=True,
+        next="when it is sent, replay the rest with POST /v1/dead-letters/replay and the "
+             "same filters")
+
+
+@router.post("/dead-letters/replay", response_model=ReplayPlanOut, tags=["dead letters"],
+             summary="Replay the rest of a selection, once its canary was sent",
+             responses=OPERATE_ERRORS)
+async def replay_dead_letters(
+    store: StoreDep, key: Operator,
+    body: Annotated[ReplaySelectionIn | None, Body()] = None,
+) -> ReplayPlanOut:
+    """Refused (409) until one entry of the selection was replayed and has been sent. Takes
+    only entries never replayed before; skips those no longer useful. `dry_run` shows what
+    would be replayed. Scope: `operate`."""
+    body = body or ReplaySelectionIn()
+    window = timedelta(seconds=body.valid_for_s) if body.valid_for_s else None
+    plan = await replay_selection(store, DeadLetterFilter(**selection_kwargs(body)),
+                                  by=actor(key), dry_run=body.dry_run, valid_for=window,
+                                  limit=body.limit)
+    return ReplayPlanOut.of(plan)
+
+
+@router.post("/dead-letters/{delivery_id}/discard", response_model=DiscardOut,
+             tags=["dead letters"], summary="Close an entry without sending it",
+             responses=OPERATE_ERRORS)
+async def discard_dead_letter(delivery_id: DeliveryId, body: DiscardIn, store: StoreDep,
+                              key: Operator) -> DiscardOut:
+    """The entry stays for the record until retention prunes it. Scope: `operate`."""
+    if not await store.discard_dead_letter(delivery_id, body.reason, actor(key)):
+        entry = await store.dead_letter(delivery_id)
+        if entry is None:
+            raise not_found(f"no dead letter for delivery {delivery_id}")
+        why = (f"it was discarded already ({entry.discard_reason})" if entry.discarded_at
+               else f"its delivery is {entry.delivery_state}, not dead")
+        raise ProblemError(409, "not-open", "Dead letter not open",
+                           f"dead letter {delivery_id} is not open: {why}")
+    return DiscardOut(delivery_id=delivery_id, discarded=True, reason=body.reason)
+
+
+# -- lanes and status --------------------------------------------------------------------
+LaneName = Annotated[str, Path(min_length=1, max_length=100, description="A configured lane.")]
+
+
+def _check_lane(state: AppState, lane: str) -> None:
+    if lane not in state.lanes:
+        raise not_found(f"unknown lane {lane!r} (configured: {', '.join(state.lanes)})")
+
+
+@router.post("/lanes/{lane}/pause", response_model=LaneControlOut, tags=["operating"],
+             summary="Pause a lane on every worker", responses=OPERATE_ERRORS)
+async def pause(lane: LaneName, request: Request, store: StoreDep,
+                key: Operator) -> LaneControlOut:
+    """Every worker stops claiming the lane within a second; nothing is deleted.
+    Scope: `operate`."""
+    _check_lane(app_state(request), lane)
+    await pause_lane(store, lane, by=actor(key))
+    return LaneControlOut(lane=lane, paused=True)
+
+
+@router.post("/lanes/{lane}/resume", response_model=LaneControlOut, tags=["operating"],
+             summary="Resume a paused lane", responses=OPERATE_ERRORS)
+async def resume(lane: LaneName, request: Request, store: StoreDep,
+                 _key: Operator) -> LaneControlOut:
+    """Scope: `operate`."""
+    _check_lane(app_state(request), lane)
+    await resume_lane(store, lane)
+    return LaneControlOut(lane=lane, paused=False)
+
+
+@router.get("/status", response_model=StatusOut, tags=["operating"],
+            summary="The four numbers (as `postlane status --json`)",
+            responses=problem_responses(401, 403, 503))
+async def status(store: StoreDep, _key: Reader) -> dict[str, Any]:
+    """Depth and oldest age per lane, states, attempts, open dead letters, pauses, breakers.
+    Scope: `read`."""
+    return (await fleet_status(store)).as_json()
+
+
+# -- provider webhooks -------------------------------------------------------------------
+@router.post(
+    "/webhooks/{provider}", response_model=WebhookOut, tags=["webhooks"],
+    summary="A provider's delivery event (signed by the provider, no API key)",
+    responses=problem_responses(401, 413, 503),
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"type": "object"}}}}},
+)
+async def webhook(
+    provider: Annotated[str, Path(min_length=1, max_length=50,
+                                  description="sandbox, resend or ses.")],
+    request: Request, response: Response, store: StoreDep,
+) -> WebhookOut:
+    """Verified by the provider's signature (401 when it does not verify), recorded once."""
+    try:
+        from postlane import webhooks
+    except ImportError:  # pragma: no cover - the module ships with the package
+        raise ProblemError(501, "not-implemented", "Not implemented",
+                           "webhooks are not available in this build") from None
+    body = await request.body()
+    try:
+        result = await webhooks.receive(store, provider, dict(request.headers), body)
+    except webhooks.WebhookRejected as exc:
+        raise ProblemError(401, "webhook-rejected", "Webhook rejected", str(exc),
+                           headers={"WWW-Authenticate": "Signature"}) from None
+    response.status_code = result.status
+    return WebhookOut(status=result.status, detail=result.detail,
+                      events=list(getattr(result, "events", [])))
+
+
+# -- helpers -----------------------------------------------------------------------------
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+

@@ -1,0 +1,80 @@
+"""What one API process holds: the store, the in-memory stats sampler, the session signer,
+and the FastAPI dependencies that hand them (and the caller's API key) to routes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from postlane.api.keys import authenticate
+from postlane.api.problems import ProblemError, forbidden, unauthorized
+from postlane.api.sessions import Sessions
+from postlane.metrics import FleetSampler, StoreCollector
+from postlane.store.base import ApiKey, Store
+
+
+@dataclass
+class AppState:
+    store_url: str
+    lanes: tuple[str, ...]
+    store: Store | None = None
+    sampler: FleetSampler | None = None
+    collector: StoreCollector | None = None
+    sessions: Sessions = field(default_factory=Sessions)
+    max_body_bytes: int = 1024 * 1024
+    cookie_secure: bool = False
+
+    def require_store(self) -> Store:
+        if self.store is None:
+            raise ProblemError(503, "store-unavailable", "Database unavailable",
+                               "the server has not opened its database (yet)")
+        return self.store
+
+    def require_sampler(self) -> FleetSampler:
+        self.require_store()
+        assert self.sampler is not None
+        return self.sampler
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.postlane
+    return state
+
+
+def get_store(request: Request) -> Store:
+    return app_state(request).require_store()
+
+
+bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
+                    description="An API key (`postlane apikey create`): "
+                                "`Authorization: Bearer pl_...`.")
+
+
+def require(scope: str) -> Callable[..., Coroutine[Any, Any, ApiKey]]:
+    """A dependency: the caller's API key, which must grant ``scope`` (401 / 403 if not)."""
+
+    async def _key(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+    ) -> ApiKey:
+        if credentials is None:
+            raise unauthorized("send an API key: `Authorization: Bearer pl_...` "
+                               "(create one with `postlane apikey create`)")
+        key = await authenticate(get_store(request), credentials.credentials)
+        if key is None:
+            raise unauthorized("the API key is unknown or revoked")
+        if scope not in key.scopes:
+            raise forbidden(f"API key {key.prefix}... ({key.name}) lacks the {scope!r} scope "
+                            f"(it has: {', '.join(key.scopes)})")
+        return key
+
+    return _key
+
+
+def actor(key: ApiKey) -> str:
+    """Who did it, as kept on replayed and discarded entries."""
+    return f"apikey:{key.name}#{key.id}"

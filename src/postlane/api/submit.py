@@ -1,0 +1,48 @@
+"""``POST /v1/messages`` made idempotent by key *and* body.
+
+The ``Idempotency-Key`` header is the delivery's idempotency key. The first request creates
+the delivery and keeps the SHA-256 of its canonical body with it (in the same transaction);
+a later request with that key gets the same delivery if its body hashes the same, and is
+refused otherwise: a key reused for a different message is a bug in the caller, and
+silently returning the first message would hide it.
+"""
+
+from __future__ import annotations
+
+from postlane.api.models import MessageIn
+from postlane.core.message import Delivery
+from postlane.core.validation import check_key
+from postlane.errors import PostlaneError, StoreError
+from postlane.store.base import Store
+
+
+class IdempotencyConflict(PostlaneError):
+    """The key names a delivery that a different request (or no request) created."""
+
+    def __init__(self, message: str, delivery_id: int) -> None:
+        super().__init__(message)
+        self.delivery_id = delivery_id
+
+
+async def submit(store: Store, key: str, body: MessageIn) -> tuple[Delivery, bool]:
+    """Enqueue ``body`` under ``key``; returns the delivery and whether this call created it.
+
+    Raises ``InvalidMessage`` (nothing written) or ``IdempotencyConflict``.
+    """
+    check_key(key)
+    request_hash = body.request_hash()
+    result, stored_hash = await store.enqueue_request(body.message(key), request_hash)
+    if not result.created and stored_hash != request_hash:
+        if stored_hash is None:
+            raise IdempotencyConflict(
+                f"Idempotency-Key {key!r} already names delivery {result.id}, which was "
+                "enqueued without the HTTP API (outbox or CLI); use a key of its own",
+                result.id)
+        raise IdempotencyConflict(
+            f"Idempotency-Key {key!r} was already used for delivery {result.id} with a "
+            "different body; a key names one message: send the same body to get the same "
+            "answer, or derive a new key from the new business event", result.id)
+    delivery = await store.get(result.id)
+    if delivery is None:  # pragma: no cover - pruned between the two statements
+        raise StoreError(f"delivery {result.id} vanished right after enqueue")
+    return delivery, result.created

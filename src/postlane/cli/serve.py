@@ -1,0 +1,49 @@
+"""``postlane serve``: the HTTP API, the dashboard and ``/metrics`` (uvicorn)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from postlane.core.lanes import parse_lane_shares
+from postlane.errors import ConfigurationError
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(envvar="POSTLANE_HOST", show_envvar=True,
+                                      help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="POSTLANE_PORT", show_envvar=True,
+                                      help="Port to listen on.")] = 8080,
+    lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LANES", show_envvar=True,
+        help="Configured lane shares, as for the worker [default: interactive=70,bulk=30]; "
+             "only the names matter here.")] = None,
+    max_body: Annotated[int, typer.Option(
+        envvar="POSTLANE_MAX_BODY", show_envvar=True,
+        help="Largest request body in bytes; larger ones get 413.")] = 1024 * 1024,
+    sample_interval: Annotated[float, typer.Option(
+        help="Seconds between the dashboard's in-memory samples (0: off).")] = 5.0,
+    secure_cookies: Annotated[bool, typer.Option(
+        help="Mark the dashboard's session cookie Secure (when served over HTTPS).")] = False,
+    log_level: Annotated[str, typer.Option(envvar="POSTLANE_LOG_LEVEL",
+                                           help="debug, info, warning...")] = "info",
+) -> None:
+    """Serve the HTTP API (/v1, OpenAPI at /docs), the dashboard (/dashboard) and /metrics.
+
+    API keys: `postlane apikey create --scopes send,read,operate`. Dashboard sessions are
+    signed with $POSTLANE_SESSION_SECRET (set it when several servers share an address).
+    """
+    import uvicorn
+
+    from postlane.api import create_app
+
+    try:
+        names = [lane.name for lane in parse_lane_shares(lanes)] if lanes else None
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--lanes") from None
+    app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
+                     sample_interval_s=sample_interval, cookie_secure=secure_cookies)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), proxy_headers=False,
+                server_header=False)

@@ -1,0 +1,8 @@
+"""The operator dashboard (server-rendered Jinja2, a little JavaScript), served at
+``/dashboard`` by the API app."""
+
+from __future__ import annotations
+
+from postlane.dashboard.views import mount
+
+__all__ = ["mount"]
