@@ -362,12 +362,14 @@ class Worker:
                           policy=self.config.retry, rand=self.rand)
         decision.detail["duration_ms"] = duration_ms
         self.counters[f"outcome:{outcome.kind}"] += 1
-        # Reported before any await: a stop cancelling this task cannot lose the outcome.
-        self._report(delivery, decision, release=True,
+        # Reported before any await, so a stop cancelling this task cannot lose the outcome;
+        # the slot is freed only once the breaker has seen it.
+        self._report(delivery, decision, release=False,
                      provider_message_id=outcome.provider_message_id, error=outcome.response)
         if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
             await self.limiter.close_gate(outcome.retry_after_s)
         await self.breaker.observe(outcome, decision, delivery.id)
+        self._release_slot(delivery)
 
     # -- reporting -------------------------------------------------------------------------
     def _report(
