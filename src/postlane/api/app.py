@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -17,7 +17,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from postlane import __version__
 from postlane.api import problems
 from postlane.api.models import Health
-from postlane.api.problems import problem_response
 from postlane.api.routes import router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
@@ -49,8 +48,13 @@ original answer; the same key with a different body is refused with 422.
 """
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """Raised while a body is read; an HTTPException so that FastAPI's body parsing lets it
+    through (it turns other errors into a vague 400)."""
+
+    def __init__(self, seen: int, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit} bytes ({seen} bytes read so "
+                              f"far); the limit is {limit} bytes")
 
 
 class BodyLimit:
@@ -78,7 +82,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(seen, self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -94,10 +98,8 @@ class BodyLimit:
             await self._refuse(scope, receive, send, seen)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
-        response = problem_response(
-            413, problems.TYPE_BASE + "body-too-large", "Body too large",
-            f"the request body is {'over ' if size <= self.max_bytes else ''}{size} bytes; "
-            f"the limit is {self.max_bytes} bytes", headers={"Connection": "close"})
+        response = problems.body_too_large(
+            f"the request body is {size} bytes; the limit is {self.max_bytes} bytes")
         await response(scope, receive, send)
 
 

@@ -72,6 +72,11 @@ def problem_response(status: int, type_: str, title: str, detail: str, *,
     return JSONResponse(body, status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
+def body_too_large(detail: str) -> JSONResponse:
+    return problem_response(413, TYPE_BASE + "body-too-large", "Body too large", detail,
+                            headers={"Connection": "close"})
+
+
 def not_found(detail: str) -> ProblemError:
     return ProblemError(404, "not-found", "Not found", detail)
 
@@ -175,6 +180,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 413:
+            return body_too_large(str(exc.detail))
         phrase = HTTPStatus(exc.status_code).phrase
         detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else (
             f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405)
