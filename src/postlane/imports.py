@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.validation import check_address, check_key, validate
+from postlane.core.validation import validate
 from postlane.errors import ImportRejected, InvalidMessage
 from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
 from postlane.templates import CompiledTemplate, _usable, check_name, compile_template
@@ -145,14 +145,18 @@ class _Rows:
         email = row[self.email_col].strip()
         if not user_id:
             raise InvalidMessage("user_id is empty", field="user_id")
-        key = import_key(self.name, user_id, self.import_id)
-        check_key(key)
-        check_address(email, field="email")
         variables = dict(zip(self.header, row, strict=True))
         variables["user_id"], variables["email"] = user_id, email
-        message = self.compiled.message(variables, key=key, to=email, lane=self.lane,
-                                        import_id=self.import_id)
-        validate(message, self.store.limits)
+        message = self.compiled.message(
+            variables, key=import_key(self.name, user_id, self.import_id), to=email,
+            lane=self.lane, import_id=self.import_id)
+        try:
+            validate(message, self.store.limits)
+        except InvalidMessage as exc:
+            if exc.field == "to":  # name the column, not the message field
+                raise InvalidMessage("email" + str(exc).removeprefix("to"),
+                                     field="email") from None
+            raise
         return message
 
 
@@ -277,14 +281,14 @@ async def import_csv(
                     await settle()
                     report.rows_enqueued += len(batch)
                     pending = asyncio.ensure_future(store.enqueue_many_if_template_usable(
-                        template, batch, _progress(report)))
+                        template, batch, _progress(report), validated=True))
                     batch = []
                     if on_progress is not None:
                         on_progress("import", lines.bytes, total)
             await settle()
             report.rows_enqueued += len(batch)
-            results = await store.enqueue_many_if_template_usable(template, batch,
-                                                                  _progress(report))
+            results = await store.enqueue_many_if_template_usable(
+                template, batch, _progress(report), validated=True)
             report.rows_created += sum(1 for r in results if r.created)
         finally:
             if pending is not None:

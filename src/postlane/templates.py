@@ -101,21 +101,24 @@ class CompiledTemplate:
                 raise TemplateError(
                     f"template {template.name!r} {part}: syntax error on line {exc.lineno}: "
                     f"{exc.message}", field=part) from None
+        self._globals = dict(plain.globals)
         self.variables = frozenset(variables)
         """The top-level variable names the template uses (some may sit in a branch)."""
 
     def render(self, variables: Mapping[str, Any]) -> Rendered:
         """Render every part; ``TemplateError`` names the part and the problem."""
         out: dict[str, str | None] = {}
+        # The environment's globals (range, dict...) under the caller's variables, built once
+        # for all parts: ``Template.render`` layers them per call, which is most of its cost
+        # on a short template (an import renders a million).
+        context = {**self._globals, **variables}
         for part, compiled in self._parts:
             if compiled is None:
                 out[part] = None
                 continue
             try:
-                # ``Template.render`` copies the variables and wraps errors; calling the
-                # compiled function directly is about three times faster, same output.
                 out[part] = concat(compiled.root_render_func(compiled.new_context(
-                    dict(variables))))
+                    context, shared=True)))
             except UndefinedError as exc:
                 raise TemplateError(f"{self._where(part)}: {exc} (a variable the template "
                                     "uses was not given)", field="variables") from None

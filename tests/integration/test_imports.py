@@ -8,9 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
-from conftest import SideDB, msg, store_url
+from conftest import SideDB, msg
 from worker_helpers import Provider, fast_config, running, wait_until
 
 from postlane import State
@@ -21,15 +20,10 @@ from postlane.store import Store, Transition
 from postlane.templates import add_template, deprecate_template
 from postlane.worker import Worker
 
-MY_TABLES = "postlane_imports, postlane_template_versions, postlane_templates"
-
 
 @pytest.fixture
 async def tstore(store: Store) -> AsyncIterator[Store]:
-    """The ``store`` fixture, with the template and import tables emptied on PostgreSQL."""
-    if store.engine == "postgres":
-        with psycopg.connect(store_url(store), autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {MY_TABLES}")
+    """The ``store`` fixture with a ``welcome`` template."""
     await add_template(store, "welcome", subject="Welcome, {{ name }}",
                        text="Hello {{ name }} (user {{ user_id }})")
     yield store

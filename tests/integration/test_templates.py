@@ -38,16 +38,11 @@ from postlane.templates import (
 )
 from postlane.worker import Worker
 
-MY_TABLES = "postlane_imports, postlane_template_versions, postlane_templates"
-
 
 @pytest.fixture
 async def tstore(store: Store) -> AsyncIterator[Store]:
-    """The ``store`` fixture, with the template and import tables emptied on PostgreSQL
-    (the shared fixture truncates only the delivery tables)."""
-    if store.engine == "postgres":
-        with psycopg.connect(store_url(store), autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {MY_TABLES}")
+    """The ``store`` fixture (whose reset on PostgreSQL empties the template and import
+    tables too)."""
     yield store
 
 
@@ -288,8 +283,6 @@ async def test_postgres_delete_waits_for_an_open_enqueue_and_then_counts_it(
     async with open_store(pg_url) as store:
         await store.migrate()
         truncate_pg(pg_url)
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {MY_TABLES}")
         await welcome(store)
         with SideDB(pg_url) as side, psycopg.connect(pg_url) as pg:
             enqueue_template_in_transaction(pg, "welcome", {"name": "A", "plan": "p"},

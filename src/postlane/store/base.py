@@ -452,7 +452,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
-        progress: ImportProgress | None = None,
+        progress: ImportProgress | None = None, *, validated: bool = False,
     ) -> list[EnqueueResult]:
         """``enqueue_many`` of messages rendered from ``template``, in one transaction that
         first checks (and locks against delete and deprecate) that the template exists and is
@@ -460,6 +460,8 @@ class Store(abc.ABC):
 
         With ``progress``, the import's counters are written in the same transaction:
         read, enqueued and skipped as given; created grows by the rows this call created.
+        ``validated``: the caller already ran ``validate`` on each message with this store's
+        limits (the import does, to skip bad rows), so it is not run twice.
         """
 
     # -- bulk-import runs --------------------------------------------------------------------

@@ -896,10 +896,11 @@ class PostgresStore(Store):
 
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
-        progress: ImportProgress | None = None,
+        progress: ImportProgress | None = None, *, validated: bool = False,
     ) -> list[EnqueueResult]:
         for message in messages:
-            validate(message, self.limits)
+            if not validated:
+                validate(message, self.limits)
             check_template_id(message, template)
         results: list[EnqueueResult] = []
         async with self._pool.connection() as conn, conn.transaction():
