@@ -188,7 +188,7 @@ def create_app(
             schema = get_openapi(title=app.title, version=app.version,
                                  description=app.description, routes=app.routes,
                                  tags=app.openapi_tags)
-            app.openapi_schema = problems.fix_problem_media_types(schema)
+            app.openapi_schema = problems.complete_error_responses(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
 from postlane.dead_letters import ReplayPlan
@@ -44,7 +44,20 @@ def check_json(value: Any) -> Any:
     return value
 
 
+def iso_time(value: Any) -> Any:
+    """Times are ISO 8601 strings (or datetimes): no unix numbers passing as dates."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError("not an ISO 8601 date-time (e.g. 2030-01-31T12:00:00Z)") from None
+    if not isinstance(value, datetime):
+        raise ValueError("not an ISO 8601 date-time (e.g. 2030-01-31T12:00:00Z)")
+    return value
+
+
 Text = Annotated[str, AfterValidator(check_text)]
+IsoTime = Annotated[AwareDatetime, BeforeValidator(iso_time)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
@@ -73,7 +86,7 @@ class MessageIn(Strict):
                                              "providers that take metadata.")
     channel: Literal["email", "sms"] = "email"
     import_id: Text | None = Field(default=None, min_length=1, max_length=200)
-    expires_at: AwareDatetime | None = Field(
+    expires_at: IsoTime | None = Field(
         default=None, description="The end of the message's usefulness (with a time zone); no "
                           "attempt is made after it. At most one of expires_at, expires_in_s.")
     expires_in_s: Seconds | None = Field(
@@ -252,8 +265,8 @@ class SelectionIn(Strict):
     lane: Text | None = None
     template_id: Text | None = None
     import_id: Text | None = None
-    since: AwareDatetime | None = None
-    until: AwareDatetime | None = None
+    since: IsoTime | None = None
+    until: IsoTime | None = None
 
 
 class ReplaySelectionIn(SelectionIn):

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from postlane.errors import InvalidMessage, MigrationRequired, ReplayRefused, StoreError
 
@@ -109,19 +110,49 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem, "description": DESCRIPTIONS[code]} for code in codes}
 
 
-def fix_problem_media_types(schema: dict[str, Any]) -> dict[str, Any]:
-    """FastAPI documents every response model as ``application/json``; errors are
-    ``application/problem+json``."""
-    for path in schema.get("paths", {}).values():
-        for operation in path.values():
-            for code, response in operation.get("responses", {}).items():
-                content = response.get("content", {})
-                if code[:1] in "45" and "application/json" in content:
-                    content[MEDIA_TYPE] = content.pop("application/json")
+def complete_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
+    """Make the document say what the app does on errors, for every operation:
+
+    - errors are ``application/problem+json`` (FastAPI documents every model as JSON);
+    - a request body can be malformed (400), too large (413) or invalid (422);
+    - parameters can be invalid (422): a ``Problem``, not FastAPI's ``HTTPValidationError``;
+    - any operation can find the database unavailable (503).
+    """
+    problem = {"$ref": "#/components/schemas/Problem"}
+    for path, item in schema.get("paths", {}).items():
+        for operation in item.values():
+            responses = operation.setdefault("responses", {})
+            codes = [] if path == "/healthz" else ["503"]
+            if "requestBody" in operation:
+                codes += ["400", "413", "422"]
+            if operation.get("parameters"):
+                codes.append("422")
+            for code in codes:
+                responses.setdefault(code, {"description": DESCRIPTIONS[int(code)]})
+            for code, response in responses.items():
+                if code[:1] not in "45":
+                    continue
+                response["content"] = {MEDIA_TYPE: {"schema": problem}}
+                if response.get("description") in ("Validation Error", None):
+                    response["description"] = DESCRIPTIONS.get(int(code), "An error.")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
     return schema
 
 
 # -- handlers ----------------------------------------------------------------------------
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app answers at this path."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods |= set(route_methods)
+    return sorted(methods)
+
+
 def _location(loc: Iterable[Any]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] == "header" and len(parts) > 1:
@@ -183,11 +214,18 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 413:
             return body_too_large(str(exc.detail))
         phrase = HTTPStatus(exc.status_code).phrase
-        detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else (
-            f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405)
-            else phrase)
+        headers = dict(getattr(exc, "headers", None) or {})
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else phrase
+        if exc.status_code == 404 and detail == phrase:
+            detail = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            # Starlette names only the methods of the first route matching the path.
+            allowed = allowed_methods(request)
+            headers["Allow"] = ", ".join(allowed)
+            detail = (f"{request.method} is not allowed on {request.url.path} "
+                      f"(allowed: {', '.join(allowed)})")
         return problem_response(exc.status_code, "about:blank", phrase, detail,
-                                headers=getattr(exc, "headers", None))
+                                headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
-from pydantic import AwareDatetime
 
 from postlane.api.models import (
     DeadLetterDetail,
@@ -21,6 +20,7 @@ from postlane.api.models import (
     DiscardIn,
     DiscardOut,
     EventOut,
+    IsoTime,
     LaneControlOut,
     MessageAccepted,
     MessageDetail,
@@ -36,7 +36,7 @@ from postlane.api.models import (
     WebhookOut,
     selection_kwargs,
 )
-from postlane.api.problems import ProblemError, not_found, problem_responses
+from postlane.api.problems import FieldError, ProblemError, not_found, problem_responses
 from postlane.api.state import AppState, actor, app_state, get_store, require
 from postlane.api.submit import IdempotencyConflict, submit
 from postlane.dead_letters import replay_one, replay_selection
@@ -44,7 +44,24 @@ from postlane.metrics import fleet_status
 from postlane.store.base import ApiKey, DeadLetterFilter, Store
 from postlane.worker.controls import pause_lane, resume_lane
 
-router = APIRouter(prefix="/v1")
+
+async def known_query_only(request: Request) -> None:
+    """Refuse query parameters the route does not declare (a typo is not silently ignored)."""
+    if not request.query_params:
+        return
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    known = {param.alias for param in getattr(dependant, "query_params", [])}
+    unknown = sorted(set(request.query_params.keys()) - known)
+    if unknown:
+        raise ProblemError(
+            422, "invalid-request", "Invalid request",
+            f"unknown query parameter {unknown[0]!r}"
+            + (f" (accepted: {', '.join(sorted(known))})" if known else ""),
+            errors=[FieldError(location=f"query.{name}", message="unknown query parameter")
+                    for name in unknown])
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(known_query_only)])
 
 MAX_ID = 2**63 - 1
 DeliveryId = Annotated[int, Path(ge=1, le=MAX_ID, description="The delivery's id.")]
@@ -96,7 +113,7 @@ async def post_message(
     return MessageAccepted.of(delivery)
 
 
-@router.get("/messages/{delivery_id}", response_model=MessageDetail, tags=["messages"],
+@router.get("/messages/{delivery_id:int}", response_model=MessageDetail, tags=["messages"],
             summary="A message and its timeline", responses=problem_responses(401, 403, 404,
                                                                               422, 503))
 async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) -> MessageDetail:
@@ -139,9 +156,9 @@ async def list_dead_letters(
     lane: Annotated[Text | None, Query(max_length=100)] = None,
     template_id: Annotated[Text | None, Query(max_length=200)] = None,
     import_id: Annotated[Text | None, Query(max_length=200)] = None,
-    since: Annotated[AwareDatetime | None, Query(description="Dead-lettered at or after "
+    since: Annotated[IsoTime | None, Query(description="Dead-lettered at or after "
                                                              "(ISO 8601, with a zone).")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="Dead-lettered before.")] = None,
+    until: Annotated[IsoTime | None, Query(description="Dead-lettered before.")] = None,
     replayed: Annotated[bool | None, Query(description="Only entries replayed before "
                                                        "(true) or never (false).")] = None,
     include_closed: Annotated[bool, Query(description="Also discarded entries and "
@@ -157,7 +174,7 @@ async def list_dead_letters(
                           by_reason=dict(Counter(e.reason for e in entries)))
 
 
-@router.get("/dead-letters/{delivery_id}", response_model=DeadLetterDetail,
+@router.get("/dead-letters/{delivery_id:int}", response_model=DeadLetterDetail,
             tags=["dead letters"], summary="Everything a dead letter keeps",
             responses=problem_responses(401, 403, 404, 422, 503))
 async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
@@ -170,7 +187,7 @@ async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
     return DeadLetterDetail.of(entry)
 
 
-@router.post("/dead-letters/{delivery_id}/replay", response_model=ReplayOneOut,
+@router.post("/dead-letters/{delivery_id:int}/replay", response_model=ReplayOneOut,
              tags=["dead letters"], summary="Replay one entry (the canary)",
              responses=OPERATE_ERRORS)
 async def replay_dead_letter(
@@ -210,7 +227,7 @@ async def replay_dead_letters(
     return ReplayPlanOut.of(plan)
 
 
-@router.post("/dead-letters/{delivery_id}/discard", response_model=DiscardOut,
+@router.post("/dead-letters/{delivery_id:int}/discard", response_model=DiscardOut,
              tags=["dead letters"], summary="Close an entry without sending it",
              responses=OPERATE_ERRORS)
 async def discard_dead_letter(delivery_id: DeliveryId, body: DiscardIn, store: StoreDep,
