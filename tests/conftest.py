@@ -29,7 +29,6 @@ from postlane.store import Store, open_store
 PG_ADMIN_URL = os.environ.get(
     "POSTLANE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-TABLES = "postlane_deliveries, postlane_events, postlane_dead_letters, postlane_controls"
 TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
@@ -95,13 +94,31 @@ def fresh_pg_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 def truncate_pg(url: str) -> None:
-    """Empty every Postlane table but the migration record (new tables join automatically)."""
+    """Empty every Postlane table but the migration record (new tables join automatically)
+    and restart their identities.
+
+    The effect of ``TRUNCATE ... RESTART IDENTITY CASCADE`` over all of them, at a fraction
+    of the cost: TRUNCATE takes ~150 ms per call here, DELETE of a test's few rows ~2 ms.
+    Foreign keys are not checked while emptying (``session_replication_role``), so the
+    order does not matter.
+    """
     with psycopg.connect(url, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
             "AND tablename LIKE 'postlane\\_%' AND tablename <> 'postlane_migrations'"
         )]
-        conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+        identities = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name LIKE 'postlane\\_%' "
+            "AND is_identity = 'YES'"
+        ).fetchall()
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            for table in tables:
+                conn.execute(f'DELETE FROM "{table}"')
+            for table, column in identities:
+                conn.execute("SELECT setval(pg_get_serial_sequence(%s, %s), 1, false)",
+                             (table, column))
 
 
 # -- SQLite ------------------------------------------------------------------------------
