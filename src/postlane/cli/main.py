@@ -248,6 +248,7 @@ def _register() -> None:
 
     app.command()(demo_cli.demo)
     app.command()(worker_cli.worker)
+    app.command()(__import__("postlane.cli.check", fromlist=["check"]).check)
     app.command()(worker_cli.pause)
     app.command()(worker_cli.resume)
     app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)

@@ -1,0 +1,607 @@
+"""Pre-traffic checks: is this deployment ready to send? (``postlane check``)
+
+Each check is a small function that returns *findings*: what was checked, whether it
+passed, and in plain words what is wrong and what to do about it. ``run_checks`` runs them
+all (the I/O ones concurrently, each with a deadline) and never stops at the first problem:
+an operator fixing a new host wants the whole list at once.
+
+What is checked, and why it matters before traffic:
+
+- **database**: reachable, and the schema is fully migrated (a worker refuses to start
+  otherwise, and an API host would fail every enqueue);
+- **limiter**: the Redis that shares the provider ceiling answers (a worker that cannot
+  reach it fails closed and sends nothing);
+- **provider**: the URL is understood, the adapter opens and closes, and, when the adapter
+  has a no-send probe (``async def check(self) -> str | None``), the provider accepts the
+  credentials;
+- **lanes**: the shares add up to 100 % and each lane gets at least one slot;
+- **retry budget**: each lane's expected backoff over its attempts fits in about two-thirds
+  of its expiry, so retries stop while the message (a reset link...) is still useful;
+- **rate**: the ceiling is a positive rate, and the headroom below it is sane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+import psycopg
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from postlane.core.durations import parse_duration
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors
+from postlane.core.policy import RetryPolicy, backoff_s
+from postlane.errors import ConfigurationError, PostlaneError
+from postlane.limiter import open_limiter
+from postlane.providers.base import Provider
+from postlane.providers.registry import open_provider
+from postlane.store import open_store, redact_url
+from postlane.store.migrations import MIGRATIONS_TABLE, load
+
+Status = Literal["ok", "warn", "fail"]
+
+BUDGET_FRACTION = 2 / 3
+"""A lane's expected retry budget must fit in this fraction of its expiry (the seed text:
+"roughly two-thirds of the token lifetime"), leaving the rest for the send and the reader."""
+DEFAULT_TIMEOUT_S = 5.0
+PROVIDER_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    check: str
+    """What was checked: ``database``, ``migrations``, ``limiter``, ``provider``, ``lanes``,
+    ``retry budget``, ``rate``."""
+    status: Status
+    message: str
+    """What was found, in plain words."""
+    hint: str | None = None
+    """What to do about it (a command to run, an option to change)."""
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"check": self.check, "status": self.status, "message": self.message,
+                "hint": self.hint}
+
+
+class ProviderProbe(Protocol):
+    """The optional no-send probe a provider adapter may offer (read with ``getattr``, so
+    ``Provider`` itself does not change): EHLO + AUTH for SMTP, an authenticated read-only
+    request for an HTTP API. Called between ``open()`` and ``close()``.
+
+    Returns ``None`` when the provider accepted the credentials, else what is wrong in plain
+    words ("535 authentication failed for user ops@..."). It may also raise."""
+
+    async def check(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    """What a worker would run with: the same values ``postlane worker`` reads."""
+
+    db: str
+    provider: str | None = None
+    rate: str | None = None
+    limiter: str | None = None
+    lanes: str | Sequence[LaneConfig] | None = None
+    """``interactive=70,bulk=30`` as given to the worker, or lane configs (tests, embedding)."""
+    lane_expiry: str | None = None
+    """``interactive=15m,bulk=24h``: the usefulness window of each lane's messages, when it
+    differs from the lane's default expiry."""
+    headroom: float = 0.02
+    concurrency: int = 100
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    provider_timeout_s: float = PROVIDER_TIMEOUT_S
+    skip: frozenset[str] = frozenset()
+    """Groups not to check (``SKIPPABLE``): an API host has no provider secrets to test."""
+
+
+SKIPPABLE = ("database", "limiter", "provider", "rate", "lanes")
+"""What ``skip`` may name: ``database`` covers migrations, ``lanes`` the retry budgets."""
+
+
+async def run_checks(settings: CheckSettings) -> list[Finding]:
+    """Every check, in a stable order; the I/O checks run concurrently."""
+    unknown = sorted(settings.skip - set(SKIPPABLE))
+    if unknown:
+        raise ConfigurationError(f"cannot skip {', '.join(unknown)}: the checks are "
+                                 f"{', '.join(SKIPPABLE)}")
+    run = {name: name not in settings.skip for name in SKIPPABLE}
+    provider_findings: list[Finding] = []
+    provider: Provider | None = None
+    if run["provider"] or run["limiter"]:  # the limiter's key is the provider's account
+        provider_findings, provider = build_provider(settings.provider)
+    ceiling, rate_findings = check_rate(settings.rate, settings.headroom)
+    lanes, lane_findings = lane_configs(settings.lanes, settings.lane_expiry)
+    account = provider.account if provider is not None else None
+
+    database, limiter, probe = await asyncio.gather(
+        check_database(settings.db, timeout_s=settings.timeout_s)
+        if run["database"] else _nothing(),
+        check_limiter(settings.limiter, ceiling=ceiling, account=account,
+                      rate_given=bool(settings.rate and settings.rate.strip()),
+                      timeout_s=settings.timeout_s) if run["limiter"] else _nothing(),
+        check_provider(provider, timeout_s=settings.provider_timeout_s)
+        if provider is not None and run["provider"] else _nothing(),
+    )
+    findings = [*database, *limiter]
+    if run["provider"]:
+        findings += [*provider_findings, *probe]
+    if run["rate"]:
+        findings += rate_findings
+    if run["lanes"]:
+        findings += lane_findings
+        if lanes:
+            findings.append(check_lane_shares(lanes, settings.concurrency))
+            findings.extend(check_retry_budgets(lanes, settings.policy))
+    return findings
+
+
+async def _nothing() -> list[Finding]:
+    return []
+
+
+# -- database ----------------------------------------------------------------------------
+async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Finding]:
+    """Reachable, and fully migrated (naming the pending migrations and the command)."""
+    shown = safe_redact(url)
+    try:
+        scheme = urlsplit(url).scheme
+        if scheme not in ("sqlite", "postgresql", "postgres"):
+            open_store(url)  # raises the store's own explanation
+    except (ConfigurationError, ValueError) as exc:
+        return [Finding("database", "fail", f"the database URL is not usable: {exc}",
+                        "give --db (or POSTLANE_DATABASE_URL) as postgresql://user@host/db")]
+    if scheme == "sqlite":
+        reached, applied = await _sqlite_applied(url)
+    else:
+        reached, applied = await _postgres_applied(url, timeout_s)
+    if reached.failed or applied is None:
+        return [reached]
+    findings = [reached]
+    try:
+        async with asyncio.timeout(timeout_s * 2):
+            async with open_store(url, pool_size=1) as store:
+                pending = await store.pending_migrations()
+    except (PostlaneError, psycopg.Error, sqlite3.Error, TimeoutError) as exc:
+        findings.append(Finding("migrations", "fail",
+                                f"could not read the schema version: {_one_line(exc)}"))
+        return findings
+    engine = "sqlite" if scheme == "sqlite" else "postgres"
+    known = {m.version for m in load(engine)}
+    if pending:
+        findings.append(Finding(
+            "migrations", "fail",
+            f"the schema is behind this Postlane: {len(pending)} of {len(known)} migrations "
+            f"pending ({', '.join(pending)}); workers refuse to start and enqueues fail",
+            f"run once, from any one host: postlane --db '{shown}' migrate",
+        ))
+    else:
+        findings.append(Finding("migrations", "ok",
+                                f"schema up to date ({len(known)} migrations applied)"))
+    newer = sorted(v for v in applied if v not in known)
+    if newer:
+        findings.append(Finding(
+            "migrations", "warn",
+            f"the database has migrations this Postlane does not know "
+            f"({', '.join(f'{v:04d}' for v in newer)}): a newer version migrated it",
+            "upgrade this host to the version the other hosts run",
+        ))
+    if scheme == "sqlite":
+        findings.append(Finding(
+            "database", "warn", "SQLite serves processes on this one host only",
+            "for several worker or API hosts use PostgreSQL (docs/deployment.md)"))
+    return findings
+
+
+async def _postgres_applied(url: str, timeout_s: float) -> tuple[Finding, set[int] | None]:
+    where = _pg_where(url)
+    try:
+        async with asyncio.timeout(timeout_s + 1):
+            conn = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=max(2, math.ceil(timeout_s)))
+    except (psycopg.Error, OSError, TimeoutError) as exc:
+        return Finding(
+            "database", "fail", f"cannot reach PostgreSQL at {where}: {_one_line(exc)}",
+            "check host, port, database name and credentials, and that the server accepts "
+            "this host (listen_addresses, pg_hba.conf, firewalls)",
+        ), None
+    try:
+        async with conn:
+            version = await _scalar(conn, "SHOW server_version")
+            max_conn = await _scalar(conn, "SHOW max_connections")
+            in_use = await _scalar(conn, "SELECT count(*) FROM pg_stat_activity")
+            exists = await _scalar(conn, "SELECT to_regclass(%s) IS NOT NULL",
+                                   (MIGRATIONS_TABLE,))
+            applied: set[int] = set()
+            if exists:
+                cur = await conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")
+                applied = {int(row[0]) for row in await cur.fetchall()}
+    except psycopg.Error as exc:
+        return Finding("database", "fail",
+                       f"PostgreSQL at {where} answered with an error: {_one_line(exc)}"), None
+    return Finding(
+        "database", "ok",
+        f"PostgreSQL {version} reachable at {where} "
+        f"(max_connections {max_conn}, {in_use} in use)",
+    ), applied
+
+
+async def _scalar(conn: psycopg.AsyncConnection[Any], sql: str,
+                  params: tuple[Any, ...] = ()) -> Any:
+    cur = await conn.execute(sql, params)
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
+async def _sqlite_applied(url: str) -> tuple[Finding, set[int] | None]:
+    path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    if not path:
+        return Finding("database", "fail",
+                       f"SQLite URL needs a path: sqlite:///relative.db or sqlite:////abs/path "
+                       f"(got {url!r})"), None
+    if not os.path.exists(path):
+        return Finding("database", "fail",
+                       f"the SQLite database {path} does not exist (nothing migrated it yet)",
+                       f"run: postlane --db '{url}' migrate"), None
+
+    def _read() -> set[int]:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                  "AND name = ?", (MIGRATIONS_TABLE,)).fetchone()
+            if not exists:
+                return set()
+            return {int(r[0]) for r in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
+        finally:
+            conn.close()
+
+    try:
+        applied = await asyncio.to_thread(_read)
+    except sqlite3.Error as exc:
+        return Finding("database", "fail",
+                       f"cannot read the SQLite database {path}: {_one_line(exc)}"), None
+    return Finding("database", "ok", f"SQLite database {path} readable"), applied
+
+
+def _pg_where(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "(local socket)"
+        port = parts.port or 5432
+    except ValueError:
+        return safe_redact(url)
+    return f"{host}:{port}{parts.path or '/'}"
+
+
+# -- limiter -----------------------------------------------------------------------------
+async def check_limiter(
+    url: str | None, *, ceiling: float | None, account: str | None,
+    rate_given: bool | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Finding]:
+    """The shared limiter answers a PING and its scripts run (read-only: the gate).
+
+    ``rate_given``: whether a rate was configured at all (it may be unusable, which the rate
+    check reports); by default, whether ``ceiling`` is set."""
+    if rate_given is None:
+        rate_given = ceiling is not None
+    if url is None or url.strip().lower().startswith("memory:"):
+        if not rate_given:
+            return []
+        return [Finding(
+            "limiter", "warn",
+            "in-process limiter: the ceiling holds only while this is the only worker "
+            "process sending for this provider account",
+            "with several workers or hosts, give every one --limiter redis://host:6379/0",
+        )]
+    shown = safe_redact(url)
+    findings: list[Finding] = []
+    if not rate_given:
+        findings.append(Finding("limiter", "fail",
+                                f"--limiter {shown} is set but --rate is not: the worker "
+                                "refuses to start (there is no ceiling to enforce)",
+                                "set --rate (POSTLANE_RATE) to the provider account's ceiling"))
+    try:
+        limiter = open_limiter(url, rate=ceiling or 1.0, account=account or "default")
+    except ConfigurationError as exc:
+        return [*findings, Finding("limiter", "fail", str(exc))]
+    try:
+        client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    except ValueError as exc:
+        await limiter.close()
+        return [*findings, Finding("limiter", "fail", f"cannot use limiter URL {shown}: {exc}")]
+    try:
+        async with asyncio.timeout(timeout_s * 2):
+            await client.ping()
+            gate = await limiter.gate_remaining_s()
+    except (RedisError, OSError, TimeoutError) as exc:
+        return [*findings, Finding(
+            "limiter", "fail",
+            f"cannot reach the limiter's Redis at {shown}: {_one_line(exc) or 'timed out'}; "
+            "a worker that cannot reach it sends nothing (it fails closed)",
+            "check host, port, password and that Redis accepts this host (bind, protected-mode)",
+        )]
+    finally:
+        await client.aclose()
+        await limiter.close()
+    findings.append(Finding("limiter", "ok",
+                            f"Redis at {shown} answers; one ceiling for account "
+                            f"{account or 'default'!r} shared by every worker using it"))
+    if gate > 0:
+        findings.append(Finding(
+            "limiter", "warn",
+            f"the provider account's gate is closed for another {gate:.1f} s (a 429 with "
+            "Retry-After); nothing is sent until it opens"))
+    return findings
+
+
+# -- provider ----------------------------------------------------------------------------
+def build_provider(url: str | None) -> tuple[list[Finding], Provider | None]:
+    """Construct the adapter a URL names (nothing connects yet)."""
+    if not url:
+        return [Finding("provider", "fail", "no provider is configured",
+                        "give --provider (POSTLANE_PROVIDER, or provider in the [worker] "
+                        "table of the configuration file)")], None
+    try:
+        return [], open_provider(url)
+    except (ConfigurationError, ValueError) as exc:
+        return [Finding("provider", "fail",
+                        f"the provider URL {safe_redact(url)} is not usable: {exc}",
+                        "see docs/providers.md for the URL of each adapter")], None
+
+
+async def check_provider(provider: Provider,
+                         *, timeout_s: float = PROVIDER_TIMEOUT_S) -> list[Finding]:
+    """Open the adapter, run its no-send probe when it has one, close it."""
+    probe: Callable[[], Awaitable[str | None]] | None = getattr(provider, "check", None)
+    what = f"{provider.name} (account {provider.account!r})"
+    problem: str | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            await provider.open()
+            try:
+                if callable(probe):
+                    problem = await probe()
+            finally:
+                await provider.close()
+    except TimeoutError:
+        problem = f"no answer within {timeout_s:g} s"
+    except Exception as exc:  # an adapter's failure to open is exactly what we look for
+        problem = f"{type(exc).__name__}: {_one_line(exc)}"
+    if problem is not None:
+        return [Finding("provider", "fail", f"provider {what}: {problem}",
+                        "check the provider URL and the credentials it reads from the "
+                        "environment (POSTLANE_SMTP_PASSWORD, API keys...)")]
+    if callable(probe):
+        return [Finding("provider", "ok",
+                        f"provider {what} accepted the credentials (no message sent)")]
+    return [Finding("provider", "ok",
+                    f"provider {what} opens and closes; no probe available, so the "
+                    "credentials are first tested by a real send")]
+
+
+# -- rate --------------------------------------------------------------------------------
+def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, list[Finding]]:
+    """The ceiling as sends per second (None when unset or unusable) and the findings."""
+    from postlane.cli.worker import parse_rate
+
+    findings: list[Finding] = []
+    if not (math.isfinite(headroom) and 0 <= headroom < 0.5):
+        findings.append(Finding("rate", "fail",
+                                f"--headroom {headroom!r} is outside [0, 0.5)",
+                                "leave it at 0.02 unless the provider counts loosely"))
+    if text is None or not text.strip():
+        findings.append(Finding(
+            "rate", "warn",
+            "no --rate: no ceiling is enforced, so the provider's own limit answers with 429s "
+            "(they requeue without spending attempts, but cost round trips)",
+            "set --rate to the provider account's documented ceiling, e.g. 200/s"))
+        return None, findings
+    try:
+        ceiling = parse_rate(text)
+    except ConfigurationError:
+        findings.append(Finding("rate", "fail",
+                                f"the rate {text!r} is not a positive number of sends per "
+                                "second or minute",
+                                "write it as 200/s, 12000/m or 200"))
+        return None, findings
+    plan = (f"; workers plan {ceiling * (1 - headroom):g}/s ({headroom:.0%} headroom)"
+            if not findings else "")
+    findings.append(Finding("rate", "ok", f"ceiling {ceiling:g}/s{plan}, shared by every "
+                                          "process that uses the same limiter"))
+    return ceiling, findings
+
+
+# -- lanes -------------------------------------------------------------------------------
+def lane_configs(
+    lanes: str | Sequence[LaneConfig] | None, expiry: str | None = None,
+) -> tuple[list[LaneConfig], list[Finding]]:
+    """The lanes a worker would run, parsed leniently: bad shares are findings, not errors,
+    so the remaining checks still run. ``expiry`` (``interactive=15m``) overrides the
+    default expiry of the lanes it names."""
+    findings: list[Finding] = []
+    configs: list[LaneConfig] = []
+    if lanes is None:
+        configs = list(DEFAULT_LANES)
+    elif isinstance(lanes, str):
+        by_name = {lane.name: lane for lane in DEFAULT_LANES}
+        for part in lanes.split(","):
+            name, sep, pct = part.strip().partition("=")
+            name = name.strip()
+            try:
+                share = float(pct) / 100 if sep and name else math.nan
+            except ValueError:
+                share = math.nan
+            if not math.isfinite(share) or not 0 < share <= 1:
+                findings.append(Finding("lanes", "fail",
+                                        f"lane share {part.strip()!r} is not NAME=PERCENT "
+                                        "with a percentage in (0, 100]",
+                                        "write it as interactive=70,bulk=30"))
+                continue
+            template = by_name.get(name, LaneConfig(name, 0.0))
+            configs.append(LaneConfig(name, share, template.max_attempts,
+                                      template.default_expiry, template.on_ambiguous))
+    else:
+        configs = list(lanes)
+    if expiry:
+        configs, more = _with_expiry(configs, expiry)
+        findings.extend(more)
+    return configs, findings
+
+
+def _with_expiry(lanes: list[LaneConfig],
+                 text: str) -> tuple[list[LaneConfig], list[Finding]]:
+    by_name = {lane.name: lane for lane in lanes}
+    findings: list[Finding] = []
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in by_name:
+            findings.append(Finding("lanes", "fail",
+                                    f"lane expiry {part.strip()!r} does not name a configured "
+                                    f"lane ({', '.join(by_name)})",
+                                    "write it as interactive=15m,bulk=24h"))
+            continue
+        try:
+            window = parse_duration(value)
+        except ValueError as exc:
+            findings.append(Finding("lanes", "fail", f"lane expiry {part.strip()!r}: {exc}"))
+            continue
+        lane = by_name[name]
+        by_name[name] = LaneConfig(lane.name, lane.share, lane.max_attempts, window,
+                                   lane.on_ambiguous)
+    return [by_name[lane.name] for lane in lanes], findings
+
+
+def check_lane_shares(lanes: Sequence[LaneConfig], concurrency: int = 100) -> Finding:
+    """The shares add up to 100 %, names do not repeat, every lane gets a slot."""
+    names = [lane.name for lane in lanes]
+    table = ", ".join(f"{lane.name}={lane.share * 100:g}" for lane in lanes)
+    total = sum(lane.share for lane in lanes)
+    if len(set(names)) != len(names):
+        return Finding("lanes", "fail", f"lane names repeat: {table}")
+    if abs(total - 1.0) > 1e-6:
+        return Finding("lanes", "fail",
+                       f"lane shares add up to {total * 100:g} %, not 100 % ({table}): the "
+                       "worker refuses to start",
+                       "make the percentages of --lanes (POSTLANE_LANES) add up to 100")
+    bad = [lane.name for lane in lanes if lane.max_attempts < 1]
+    if bad:
+        return Finding("lanes", "fail", f"max_attempts below 1 for {', '.join(bad)}")
+    try:
+        floors = slot_floors(lanes, concurrency)
+    except ConfigurationError as exc:
+        return Finding("lanes", "fail", str(exc), "raise --concurrency")
+    slots = ", ".join(f"{name} {floor}" for name, floor in floors.items())
+    return Finding("lanes", "ok",
+                   f"shares add up to 100 % ({table}); reserved slots of {concurrency}: {slots}")
+
+
+def expected_retry_budget_s(lane: LaneConfig, policy: RetryPolicy = RetryPolicy()) -> float:
+    """The expected total backoff of a lane's retries: after each of the first
+    ``max_attempts - 1`` attempts, full jitter waits half its ceiling on average."""
+    return sum(backoff_s(k, policy, lambda: 0.5) for k in range(1, lane.max_attempts))
+
+
+def worst_retry_budget_s(lane: LaneConfig, policy: RetryPolicy = RetryPolicy()) -> float:
+    """The longest total backoff (every jitter draw at its ceiling)."""
+    return sum(backoff_s(k, policy, lambda: 1.0) for k in range(1, lane.max_attempts))
+
+
+def check_retry_budgets(lanes: Sequence[LaneConfig],
+                        policy: RetryPolicy = RetryPolicy()) -> list[Finding]:
+    """Each lane's retries end within about two-thirds of its expiry."""
+    findings = []
+    for lane in lanes:
+        expected = expected_retry_budget_s(lane, policy)
+        worst = worst_retry_budget_s(lane, policy)
+        spent = (f"{lane.max_attempts} attempts wait about {human(expected)} of backoff "
+                 f"between them (at most {human(worst)})")
+        if lane.default_expiry is None:
+            findings.append(Finding("retry budget", "ok",
+                                    f"lane {lane.name}: no expiry; {spent}"))
+            continue
+        expiry = lane.default_expiry.total_seconds()
+        limit = expiry * BUDGET_FRACTION
+        if expected > limit:
+            findings.append(Finding(
+                "retry budget", "fail",
+                f"lane {lane.name}: {spent}, more than two-thirds of its {human(expiry)} "
+                f"expiry ({human(limit)}): the last retries would deliver messages nobody can "
+                "use any more (a reset link that has expired) instead of failing while the "
+                "user can still ask for a fresh one",
+                f"lower the lane's max_attempts or lengthen its expiry to at least "
+                f"{human(expected / BUDGET_FRACTION)}",
+            ))
+        else:
+            findings.append(Finding("retry budget", "ok",
+                                    f"lane {lane.name}: {spent}, within two-thirds of its "
+                                    f"{human(expiry)} expiry"))
+    return findings
+
+
+# -- wording -----------------------------------------------------------------------------
+def human(seconds: float) -> str:
+    """``31 s``, ``10 min 20 s``, ``2 h 7 min``."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min" + (f" {sec} s" if sec else "")
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h" + (f" {minutes} min" if minutes else "")
+
+
+def safe_redact(url: str) -> str:
+    try:
+        return redact_url(url)
+    except ValueError:
+        return "<unparseable URL>"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def summary(findings: Sequence[Finding]) -> str:
+    failed = sum(f.failed for f in findings)
+    warned = sum(f.status == "warn" for f in findings)
+    if failed:
+        return (f"{failed} problem{'s' if failed != 1 else ''} found: fix "
+                f"{'them' if failed != 1 else 'it'} before this deployment takes traffic")
+    note = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
+    return f"all checks passed{note}: ready for traffic"
+
+
+__all__ = [
+    "BUDGET_FRACTION",
+    "SKIPPABLE",
+    "CheckSettings",
+    "Finding",
+    "ProviderProbe",
+    "build_provider",
+    "check_database",
+    "check_lane_shares",
+    "check_limiter",
+    "check_provider",
+    "check_rate",
+    "check_retry_budgets",
+    "expected_retry_budget_s",
+    "human",
+    "lane_configs",
+    "run_checks",
+    "summary",
+    "worst_retry_budget_s",
+]

@@ -1,0 +1,108 @@
+"""``postlane check``: verify a deployment before it takes traffic (exit 1 when anything is wrong).
+
+It reads what ``postlane worker`` reads, in the same order: the command line, then the
+environment (``POSTLANE_PROVIDER``, ``POSTLANE_RATE``, ...), then the configuration file's
+``[check]`` table, then its ``[worker]`` table, so the check sees what the worker will run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summary
+
+_WORKER_TABLE = "worker"
+_FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
+                "headroom": float, "concurrency": int}
+
+
+def check(
+    ctx: typer.Context,
+    provider: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_PROVIDER", show_envvar=True,
+        help="Provider URL, as given to the worker.")] = None,
+    rate: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RATE", show_envvar=True,
+        help="The provider account's ceiling, e.g. 200/s.")] = None,
+    headroom: Annotated[float, typer.Option(
+        envvar="POSTLANE_HEADROOM", show_envvar=True,
+        help="Fraction kept below the ceiling.")] = 0.02,
+    limiter: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LIMITER", show_envvar=True,
+        help="redis://host:6379/0: the shared limiter to reach.")] = None,
+    concurrency: Annotated[int, typer.Option(
+        envvar="POSTLANE_CONCURRENCY", show_envvar=True,
+        help="Sends in flight per worker, shared by the lanes.")] = 100,
+    lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LANES", show_envvar=True,
+        help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
+    lane_expiry: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_LANE_EXPIRY", show_envvar=True,
+        help="How long each lane's messages stay useful, e.g. interactive=15m,bulk=24h "
+             "[default: interactive 15m, bulk 24h].")] = None,
+    skip: Annotated[list[str] | None, typer.Option(
+        help="Leave out a group of checks (repeatable): database, limiter, provider, rate, "
+             "lanes. An API host (postlane serve) needs only the database.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Verify a deployment before it takes traffic: database and migrations, limiter,
+    provider, lanes, retry budgets, rate. Exit 1 if anything is wrong."""
+    values: dict[str, Any] = {"provider": provider, "rate": rate, "limiter": limiter,
+                              "lanes": lanes, "headroom": headroom, "concurrency": concurrency}
+    values.update(_worker_defaults(ctx, values))
+    unknown = {name.strip() for item in skip or () for name in item.split(",")} - set(SKIPPABLE)
+    if unknown:
+        raise typer.BadParameter(f"unknown check {', '.join(sorted(unknown))!r} (choose from "
+                                 f"{', '.join(SKIPPABLE)})", param_hint="--skip")
+    settings = CheckSettings(
+        db=ctx.obj.db, provider=values["provider"], rate=values["rate"],
+        limiter=values["limiter"], lanes=values["lanes"], lane_expiry=lane_expiry,
+        headroom=values["headroom"], concurrency=values["concurrency"],
+        skip=frozenset(name.strip() for item in skip or () for name in item.split(",")),
+    )
+
+    from postlane.cli.main import run_async
+
+    findings = run_async(run_checks(settings))
+    failed = any(f.failed for f in findings)
+    if as_json:
+        print(json.dumps({"ok": not failed, "findings": [f.as_json() for f in findings],
+                          "summary": summary(findings)}))
+    else:
+        _print(findings)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _worker_defaults(ctx: typer.Context, values: dict[str, Any]) -> dict[str, Any]:
+    """Options given nowhere else take the value of the config file's ``[worker]`` table."""
+    table = (ctx.parent.default_map or {}).get(_WORKER_TABLE) if ctx.parent else None
+    if not isinstance(table, dict):
+        return {}
+    found: dict[str, Any] = {}
+    for name, kind in _FROM_WORKER.items():
+        source = ctx.get_parameter_source(name)  # command line, environment, [check] table?
+        if (source is not None and source.name != "DEFAULT") or name not in table:
+            continue
+        try:
+            found[name] = kind(table[name])
+        except (TypeError, ValueError):
+            raise typer.BadParameter(
+                f"[worker] {name} = {table[name]!r} in the configuration file is not a "
+                f"{kind.__name__}") from None
+    return found
+
+
+_MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}
+
+
+def _print(findings: list[Finding]) -> None:
+    width = max((len(f.check) for f in findings), default=0)
+    for finding in findings:
+        print(f"{_MARK[finding.status]}  {finding.check:<{width}}  {finding.message}")
+        if finding.hint:
+            print(f"{'':4}  {'':<{width}}  -> {finding.hint}")
+    print(summary(findings))
