@@ -19,6 +19,12 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def human_span(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return "hour" if seconds == 3600 else f"{seconds / 3600:.0f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: float = 3600.0,
               width: int = 260, height: int = 44, label: str = "",
               unit: str = "") -> Markup:
@@ -28,8 +34,10 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
     """
     pad_top, pad_bottom = 12, 2
     inner = height - pad_top - pad_bottom
+    visible = [(t, v) for t, v in points if t >= now - window_s]
+    if visible:  # a server up for less than the window shows what it has, and says so
+        window_s = min(window_s, max(60.0, now - visible[0][0]))
     start = now - window_s
-    visible = [(t, v) for t, v in points if t >= start]
     peak = max((v for _, v in visible), default=0.0)
     scale = peak if peak > 0 else 1.0
 
@@ -39,7 +47,8 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
         return f"{x:.1f},{y:.1f}"
 
     peak_text = human_seconds(peak) if unit == "s" else f"{peak:,.0f}"
-    title = f"{label}: last {window_s / 60:.0f} min, max {peak_text}"
+    span = human_span(window_s)
+    title = f"{label}: last {span}, max {peak_text}"
     parts = [
         f'<svg class="spark" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">',
@@ -48,7 +57,7 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
         f'y2="{height - pad_bottom}"/>',
         f'<text class="peak" x="2" y="9">max {escape(peak_text)}</text>',
         f'<text class="span" x="{width - 2}" y="9" text-anchor="end">'
-        f"{window_s / 60:.0f} min</text>",
+        f"last {escape(span)}</text>",
     ]
     if len(visible) == 1:
         t, v = visible[0]

@@ -153,7 +153,7 @@ async def logout(s: Signed, csrf: Csrf) -> RedirectResponse:
 # -- the overview ------------------------------------------------------------------------
 async def lanes_context(s: Session) -> dict[str, Any]:
     sampler = s.state.require_sampler()
-    status = await sampler.current()
+    status = await sampler.current(max_age_s=0)  # fresh: it must show the last action's effect
     now = time.time()
     lanes = []
     for name in sorted(set(s.state.lanes) | set(status.stats.lanes)):
