@@ -74,6 +74,12 @@ def worker(
         help="On SIGTERM, how long in-flight sends may finish.")] = "10s",
     drain: Annotated[bool, typer.Option(
         help="Exit once nothing is pending or in flight.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        envvar="POSTLANE_METRICS_PORT", show_envvar=True,
+        help="Serve this worker's Prometheus metrics (sends, dead letters, latencies) "
+             "on this port.")] = None,
+    metrics_addr: Annotated[str, typer.Option(
+        envvar="POSTLANE_METRICS_ADDR", help="Address for --metrics-port.")] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(envvar="POSTLANE_LOG_LEVEL",
                                            help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
@@ -104,12 +110,19 @@ def worker(
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
             instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
+            exporter = None
+            if metrics_port is not None:
+                from postlane.metrics import WorkerMetrics
+
+                exporter = WorkerMetrics(instance).serve(metrics_port, metrics_addr)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, instance.stop)
             try:
                 await instance.run()
             finally:
+                if exporter is not None:
+                    exporter.shutdown()
                 if limiter_obj is not None:
                     await limiter_obj.close()
 

@@ -75,9 +75,21 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     return seconds
 
 
-def expire_if_useless(delivery: Delivery, now: datetime) -> Decision | None:
+def effective_expiry(delivery: Delivery, lane: LaneConfig | None) -> datetime | None:
+    """The message's own expiry, else its lane's default counted from enqueue: a message that
+    names no validity window still has a retry budget bounded by its usefulness."""
+    if delivery.expires_at is not None:
+        return delivery.expires_at
+    if lane is not None and lane.default_expiry is not None:
+        return delivery.created_at + lane.default_expiry
+    return None
+
+
+def expire_if_useless(delivery: Delivery, now: datetime,
+                      lane: LaneConfig | None = None) -> Decision | None:
     """Before a send: a message past its validity window is not sent at all."""
-    if delivery.expires_at is not None and now >= delivery.expires_at:
+    expires_at = effective_expiry(delivery, lane)
+    if expires_at is not None and now >= expires_at:
         return Decision(State.EXPIRED, "expired", spend_attempt=False,
                         dead_reason=DeadReason.EXPIRED,
                         detail={"why": "past expires_at before sending"})
@@ -114,7 +126,7 @@ def decide(
         delay = outcome.retry_after_s
         if delay is None:
             delay = backoff_s(1, RetryPolicy(policy.throttle_default_s, policy.cap_s), rand)
-        return _requeue(delivery, now, delay, "throttled", spend=False, detail=detail)
+        return _requeue(delivery, lane, now, delay, "throttled", spend=False, detail=detail)
 
     attempts_after = delivery.attempts + 1
 
@@ -154,15 +166,16 @@ def _retry(
     delay = outcome.retry_after_s
     if delay is None:
         delay = backoff_s(attempts_after, policy, rand)
-    return _requeue(delivery, now, delay, event, spend=True, detail=detail)
+    return _requeue(delivery, lane, now, delay, event, spend=True, detail=detail)
 
 
 def _requeue(
-    delivery: Delivery, now: datetime, delay: float, event: str, *, spend: bool,
-    detail: dict[str, Any],
+    delivery: Delivery, lane: LaneConfig, now: datetime, delay: float, event: str, *,
+    spend: bool, detail: dict[str, Any],
 ) -> Decision:
+    expires_at = effective_expiry(delivery, lane)
     # Compared in seconds: ``now + timedelta(delay)`` overflows for an absurd Retry-After.
-    if delivery.expires_at is not None and delay >= (delivery.expires_at - now).total_seconds():
+    if expires_at is not None and delay >= (expires_at - now).total_seconds():
         return Decision(State.EXPIRED, "expired", spend_attempt=spend,
                         dead_reason=DeadReason.EXPIRED,
                         detail={**detail, "why": "the next attempt would land after expires_at",
