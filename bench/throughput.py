@@ -1,0 +1,385 @@
+"""Dispatch throughput: pre-enqueued no-op deliveries drained end to end, Postlane next to
+Python peers, side by side in one run on the same PostgreSQL server (and Redis).
+
+    python -m bench --only throughput            # 50,000 jobs per system
+    python -m bench.throughput --jobs 10000      # this section alone
+
+For every system: a fresh database (or Redis queue), ``--jobs`` jobs enqueued with the
+system's bulk API (timed: *enqueue*), a ``CHECKPOINT``, then the consumer processes are
+started and the queue is drained (timed: *drain*, from the first job taken to the last one
+done, so process start-up is not counted; *wall* adds it: from launching the consumers to
+the last job done). jobs/s = jobs / drain.
+
+- Postlane: ``postlane worker --provider noop:// --drain`` processes (real CLI, default
+  settings: concurrency 100, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
+  which borrows the idle interactive slots). Times from the database: first ``claimed`` event
+  to the last ``finished_at`` -- the ack is written, so this is the stricter end.
+- Peers run in ``bench/.venv-peers``; their handler only counts (``bench/peers/_peerstats.py``),
+  times are the handler's first and last call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from bench import _harness as h
+from bench._common import fresh_pg_database, pg_admin_url, with_database
+
+PEERS_DIR = h.BENCH_DIR / "peers"
+PEERS_VENV = h.BENCH_DIR / ".venv-peers"
+PEERS_PY = PEERS_VENV / "bin" / "python"
+PEER_PACKAGES = ("pgqueuer", "asyncpg", "procrastinate", "dramatiq", "celery", "kombu",
+                 "redis", "psycopg")
+
+
+# -- the peers' virtualenv -----------------------------------------------------------------
+def ensure_peers_venv(log: Path | None = None) -> dict[str, str]:
+    """Create ``bench/.venv-peers`` (once; again when requirements.txt changes) and return
+    the installed versions of the peers."""
+    requirements = PEERS_DIR / "requirements.txt"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()
+    stamp = PEERS_VENV / ".requirements.sha256"
+    if not PEERS_PY.exists() or not stamp.exists() or stamp.read_text().strip() != digest:
+        print(f"bench: creating {PEERS_VENV} (the peers' virtualenv)...", flush=True)
+        base = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base, "-m", "venv", "--clear", str(PEERS_VENV)], check=True)
+        out = subprocess.run(
+            [str(PEERS_PY), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             "-r", str(requirements)], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"pip install of the peers failed:\n{out.stdout}\n{out.stderr}")
+        stamp.write_text(digest + "\n")
+    code = ("import importlib.metadata as m, json; print(json.dumps({n: m.version(n) "
+            f"for n in {list(PEER_PACKAGES)!r}}}))")
+    out = subprocess.run([str(PEERS_PY), "-c", code], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def peer_env(stats_dir: Path, **extra: str) -> dict[str, str]:
+    env = h.clean_env(BENCH_PEER_STATS=str(stats_dir), **extra)
+    env["PYTHONPATH"] = str(PEERS_DIR)
+    env["PATH"] = f"{PEERS_VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def read_peer_stats(stats_dir: Path) -> tuple[int, float | None, float | None]:
+    count, first, last = 0, None, None
+    for path in stats_dir.glob("*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        count += data["count"]
+        if data["first"] is not None:
+            first = data["first"] if first is None else min(first, data["first"])
+            last = data["last"] if last is None else max(last, data["last"])
+    return count, first, last
+
+
+# -- results ---------------------------------------------------------------------------------
+@dataclass
+class Result:
+    system: str
+    backend: str
+    config: str
+    jobs: int
+    enqueue_s: float
+    enqueue_how: str
+    drain_s: float
+    wall_s: float
+    ok: bool = True
+    note: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.drain_s if self.drain_s > 0 else 0.0
+
+    @property
+    def enqueue_rate(self) -> float:
+        return self.jobs / self.enqueue_s if self.enqueue_s > 0 else 0.0
+
+
+def checkpoint(db: str) -> None:
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+
+
+# -- Postlane --------------------------------------------------------------------------------
+async def _store_load(db: str, jobs: int, tag: str, chunk: int = 5000) -> float:
+    from postlane.store import open_store
+
+    messages = h.bulk_messages(jobs, tag=tag)
+    async with open_store(db) as store:
+        started = time.perf_counter()
+        for i in range(0, jobs, chunk):
+            await store.enqueue_many(messages[i:i + chunk])
+        return time.perf_counter() - started
+
+
+def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
+                 timeout: float) -> Result:
+    h.migrate(db, work)
+    enqueue_s = asyncio.run(_store_load(db, jobs, f"tp{procs}"))
+    if backend == "PostgreSQL":
+        checkpoint(db)
+    launched = time.time()
+    workers = [h.worker(db, "noop://", "--drain", log_path=work / f"postlane-{procs}-{i}.log",
+                        name=f"postlane worker {i}") for i in range(procs)]
+    try:
+        for proc in workers:
+            if proc.wait(timeout) is None:
+                raise TimeoutError(f"postlane worker did not drain in {timeout:g}s\n"
+                                   + proc.log_tail())
+    finally:
+        for proc in workers:
+            proc.stop()
+    failed = [p for p in workers if p.popen.returncode != 0]
+    (first,), = h.query(db, f"SELECT {h.epoch(db, 'min(at)')} FROM postlane_events "
+                            "WHERE kind = 'claimed'")
+    (last, sent), = h.query(db, f"SELECT {h.epoch(db, 'max(finished_at)')}, "
+                                "count(*) FILTER (WHERE state = 'sent') FROM postlane_deliveries"
+                            if backend == "PostgreSQL" else
+                            "SELECT max(finished_at), sum(state = 'sent') FROM postlane_deliveries")
+    ok = sent == jobs and not failed
+    note = "" if ok else f"{sent} of {jobs} sent; " + "; ".join(p.log_tail(5) for p in failed)
+    return Result(
+        "Postlane", backend,
+        f"{procs} × `postlane worker --provider noop:// --drain` (concurrency 100, batch 100)",
+        jobs, enqueue_s, "`Store.enqueue_many`, 5,000 per call (COPY on PostgreSQL)",
+        float(last) - float(first), float(last) - launched, ok, note)
+
+
+# -- peers -----------------------------------------------------------------------------------
+def _run_peer_script(args: list[str], env: dict[str, str], timeout: float = 900) -> dict[str, float]:
+    out = subprocess.run([str(PEERS_PY), *args], env=env, capture_output=True, text=True,
+                         timeout=timeout, check=False, cwd=PEERS_DIR)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return dict(json.loads(lines[-1])) if lines else {}
+
+
+def _drain_peer(consumers: list[h.Proc], stats: Path, jobs: int, launched: float,
+                timeout: float, *, exits_by_itself: bool) -> tuple[float, float, bool, str]:
+    deadline = time.monotonic() + timeout
+    note = ""
+    while True:
+        count, first, last = read_peer_stats(stats)
+        if count >= jobs:
+            break
+        if all(not p.alive() for p in consumers):
+            time.sleep(0.2)
+            count, first, last = read_peer_stats(stats)
+            if count < jobs:
+                note = f"consumers exited after {count} of {jobs} jobs"
+            break
+        if time.monotonic() > deadline:
+            note = f"timed out after {timeout:g}s with {count} of {jobs} jobs"
+            break
+        time.sleep(0.05)
+    if exits_by_itself:
+        for proc in consumers:
+            proc.wait(60)
+    for proc in consumers:
+        proc.stop()
+    if first is None or last is None:
+        return 0.0, 0.0, False, note or "no job ran"
+    return last - first, last - launched, not note, note
+
+
+def run_pgqueuer(db: str, work: Path, jobs: int, timeout: float) -> Result:
+    env = peer_env(work / "pgq-stats")
+    (work / "pgq-stats").mkdir()
+    script = str(PEERS_DIR / "pgqueuer_peer.py")
+    _run_peer_script([script, "install", "--dsn", db], env)
+    enqueue_s = _run_peer_script([script, "enqueue", "--dsn", db, "--jobs", str(jobs),
+                                  "--batch", "5000"], env)["seconds"]
+    checkpoint(db)
+    launched = time.time()
+    consumers = [h.Proc([str(PEERS_PY), script, "consume", "--dsn", db, "--managers", "2",
+                         "--batch", "100"], work / f"pgq-{i}.log", name=f"pgqueuer {i}", env=env)
+                 for i in range(2)]
+    drain, wall, ok, note = _drain_peer(consumers, work / "pgq-stats", jobs, launched, timeout,
+                                        exits_by_itself=True)
+    return Result("PgQueuer", "PostgreSQL",
+                  "2 processes × 2 QueueManagers (asyncpg), batch_size=100, drain mode",
+                  jobs, enqueue_s, "`Queries.enqueue` with lists, 5,000 per call",
+                  drain, wall, ok, note)
+
+
+def run_procrastinate(db: str, work: Path, jobs: int, timeout: float) -> Result:
+    env = peer_env(work / "pcr-stats")
+    (work / "pcr-stats").mkdir()
+    script = str(PEERS_DIR / "procrastinate_peer.py")
+    _run_peer_script([script, "install", "--dsn", db], env)
+    enqueue_s = _run_peer_script([script, "enqueue", "--dsn", db, "--jobs", str(jobs),
+                                  "--batch", "1000"], env)["seconds"]
+    checkpoint(db)
+    launched = time.time()
+    consumers = [h.Proc([str(PEERS_PY), script, "consume", "--dsn", db, "--concurrency", "10"],
+                        work / f"pcr-{i}.log", name=f"procrastinate {i}", env=env)
+                 for i in range(2)]
+    drain, wall, ok, note = _drain_peer(consumers, work / "pcr-stats", jobs, launched, timeout,
+                                        exits_by_itself=True)
+    return Result("procrastinate", "PostgreSQL",
+                  "2 processes × `run_worker_async(concurrency=10, wait=False)`",
+                  jobs, enqueue_s, "`Task.batch_defer_async`, 1,000 per call",
+                  drain, wall, ok, note)
+
+
+def run_redis_peer(kind: str, redis_url: str, work: Path, jobs: int, timeout: float) -> Result:
+    queue = f"postlane-bench-{kind}-{os.getpid()}"
+    stats = work / f"{kind}-stats"
+    stats.mkdir()
+    env = peer_env(stats, BENCH_REDIS_URL=redis_url, BENCH_QUEUE=queue)
+    script = str(PEERS_DIR / f"{kind}_peer.py")
+    try:
+        enqueue_s = _run_peer_script([script, "enqueue", str(jobs)], env)["seconds"]
+        launched = time.time()
+        if kind == "dramatiq":
+            args = [str(PEERS_VENV / "bin" / "dramatiq"), "dramatiq_peer", "--processes", "2",
+                    "--threads", "8", "--path", str(PEERS_DIR)]
+            config = "`dramatiq --processes 2 --threads 8`, default middleware, RedisBroker"
+            how = "`actor.send` per message (no bulk API)"
+        else:
+            args = [str(PEERS_VENV / "bin" / "celery"), "-A", "celery_peer", "worker",
+                    "-c", "2", "-P", "prefork", "-Q", queue, "-l", "WARNING",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat"]
+            config = ("`celery worker -c 2 -P prefork` (prefetch ×4), results ignored, "
+                      "Redis broker")
+            how = "`apply_async` per task on one producer (no bulk API)"
+        consumer = h.Proc(args, work / f"{kind}.log", name=kind, env=env, cwd=PEERS_DIR)
+        drain, wall, ok, note = _drain_peer([consumer], stats, jobs, launched, timeout,
+                                            exits_by_itself=False)
+    finally:
+        h.redis_delete_matching(redis_url, f"{queue}*", f"*{queue}*", "unacked*",
+                                "_kombu.binding.*")
+    return Result(kind, "Redis", config, jobs, enqueue_s, how, drain, wall, ok, note)
+
+
+# -- the section -----------------------------------------------------------------------------
+SYSTEMS = ("postlane-pg-1", "postlane-pg-2", "postlane-sqlite-1", "pgqueuer", "procrastinate",
+           "dramatiq", "celery")
+
+
+def measure(jobs: int, systems: tuple[str, ...] = SYSTEMS, timeout: float = 600) -> list[Result]:
+    results: list[Result] = []
+    with h.workdir("throughput") as work:
+        for system in systems:
+            print(f"bench throughput: {system}, {jobs:,} jobs...", flush=True)
+            sub = work / system
+            sub.mkdir()
+            try:
+                if system.startswith("postlane-pg"):
+                    with fresh_pg_database("postlane_bench_tp") as db:
+                        results.append(run_postlane(db, sub, jobs, int(system[-1]),
+                                                    "PostgreSQL", timeout))
+                elif system.startswith("postlane-sqlite"):
+                    db = f"sqlite:///{sub / 'postlane.db'}"
+                    results.append(run_postlane(db, sub, jobs, 1, "SQLite", timeout))
+                elif system == "pgqueuer":
+                    with fresh_pg_database("postlane_bench_pgq") as db:
+                        results.append(run_pgqueuer(db, sub, jobs, timeout))
+                elif system == "procrastinate":
+                    with fresh_pg_database("postlane_bench_pcr") as db:
+                        results.append(run_procrastinate(db, sub, jobs, timeout))
+                else:
+                    with h.claimed_redis_db() as redis_url:
+                        results.append(run_redis_peer(system, redis_url, sub, jobs, timeout))
+            except Exception as exc:  # one failed system must not lose the others' figures
+                results.append(Result(system, "", "", jobs, 0.0, "", 0.0, 0.0, False,
+                                      f"failed: {type(exc).__name__}: {str(exc)[:600]}"))
+            last = results[-1]
+            print(f"  {last.system} ({last.backend}): enqueue {last.enqueue_rate:,.0f}/s, "
+                  f"drain {last.drain_s:.2f}s = {last.rate:,.0f} jobs/s "
+                  f"{'' if last.ok else 'FAILED ' + last.note}", flush=True)
+    return results
+
+
+def markdown(results: list[Result], versions: dict[str, str], command: str) -> str:
+    lines = [
+        "## Throughput: no-op dispatch, Postlane and Python peers",
+        "",
+        f"Command: `{command}`. {results[0].jobs if results else 0:,} jobs per system, "
+        "pre-enqueued, then drained; every system on the same PostgreSQL server (a fresh "
+        "database each) or the same Redis, one after another in this run, a `VACUUM ANALYZE` "
+        "and a `CHECKPOINT` before each PostgreSQL drain.",
+        "",
+        "| system | backend | consumers | enqueue (bulk) | drain | wall incl. start-up "
+        "| jobs/s | Postlane (2 proc.) / this |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    best = max((r for r in results if r.system == "Postlane" and r.backend == "PostgreSQL"
+                and r.ok), key=lambda r: r.rate, default=None)
+    two = next((r for r in results if r.system == "Postlane" and r.backend == "PostgreSQL"
+                and r.config.startswith("2 ") and r.ok), best)
+    for r in results:
+        ratio = f"{two.rate / r.rate:.2f}" if two and r.ok and r.rate else "—"
+        status = "" if r.ok else f" **failed**: {r.note}"
+        lines.append(
+            f"| {r.system} | {r.backend} | {r.config} | {r.enqueue_s:.2f} s "
+            f"({r.enqueue_rate:,.0f}/s) | {r.drain_s:.2f} s | {r.wall_s:.2f} s | "
+            f"{r.rate:,.0f}{status} | {ratio} |")
+    lines += [
+        "",
+        "How each was measured:",
+        "",
+        "- *enqueue*: the system's bulk API as listed: "
+        + "; ".join(f"{r.system} ({r.backend}): {r.enqueue_how}" for r in results if r.ok)
+        + ".",
+        "- *drain*: first job taken to last job done. Postlane: database times, first "
+        "`claimed` event to the last `finished_at` (the outcome is written). Peers: their "
+        "handler's first and last call (a counter, `bench/peers/_peerstats.py`); the queue's "
+        "own completion write for the last batch comes after it. *wall*: from launching the "
+        "consumer processes to the last job done (Python start-up and connection set-up "
+        "included).",
+        "- The ratio column divides Postlane's jobs/s with 2 worker processes (the process count "
+        "of the best peer configurations) by each row's jobs/s: above 1, Postlane is faster.",
+        "- Peers' versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + " (in "
+        "`bench/.venv-peers`, the same Python).",
+    ]
+    return "\n".join(lines)
+
+
+def run(quick: bool = False, jobs: int | None = None,
+        systems: tuple[str, ...] = SYSTEMS, command: str = "") -> tuple[str, list[Result]]:
+    versions = ensure_peers_venv()
+    jobs = jobs or (5_000 if quick else 50_000)
+    results = measure(jobs, systems)
+    return markdown(results, versions, command), results
+
+
+def main() -> None:
+    from bench._common import command_line, write_section
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--no-write", action="store_true")
+    a = p.parse_args()
+    body, _ = run(a.quick, a.jobs, tuple(s for s in a.systems.split(",") if s),
+                  command_line())
+    print(body)
+    if not a.no_write:
+        write_section("throughput", body)
+
+
+if __name__ == "__main__":
+    main()
