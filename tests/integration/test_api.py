@@ -175,6 +175,14 @@ ROUTES = [
     ("POST", "/v1/dead-letters/1/discard", "operate"),
     ("POST", "/v1/lanes/bulk/pause", "operate"),
     ("POST", "/v1/lanes/bulk/resume", "operate"),
+    ("GET", "/v1/templates", "read"),
+    ("GET", "/v1/templates/welcome", "read"),
+    ("POST", "/v1/templates/welcome/deprecate", "operate"),
+    ("DELETE", "/v1/templates/welcome", "operate"),
+    ("GET", "/v1/imports", "read"),
+    ("GET", "/v1/imports/spring", "read"),
+    ("POST", "/v1/imports/spring/pause", "operate"),
+    ("POST", "/v1/imports/spring/resume", "operate"),
 ]
 
 
@@ -373,6 +381,60 @@ async def test_worker_metrics_count_outcomes_dead_letters_and_latency(store: Sto
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- templates and imports ---------------------------------------------------------------
+async def test_templates_through_the_api(api: Api) -> None:
+    ops, read = api.auth("operate"), api.auth("read")
+    created = await api.client.post("/v1/templates/welcome", headers=ops, json={
+        "subject": "Welcome, {{ name }}", "text": "Hello {{ name }}"})
+    assert created.status_code == 201, created.text
+    assert created.json()["version"] == 1
+    second = await api.client.post("/v1/templates/welcome", headers=ops, json={
+        "subject": "Welcome aboard, {{ name }}", "text": "Hello {{ name }}"})
+    assert second.json()["version"] == 2
+    first = await api.client.get("/v1/templates/welcome?version=1", headers=read)
+    assert first.json()["subject"] == "Welcome, {{ name }}"
+    assert first.json()["latest_version"] == 2
+    listed = await api.client.get("/v1/templates", headers=read)
+    assert [t["name"] for t in listed.json()["templates"]] == ["welcome"]
+    data = problem(await api.client.post("/v1/templates/broken", headers=ops,
+                                         json={"subject": "{{ oops"}), 422)
+    assert data["field"]
+    problem(await api.client.get("/v1/templates/nope", headers=read), 404)
+
+    from postlane.templates import enqueue_template
+
+    await enqueue_template(api.store, "welcome", {"name": "Ada"}, key="welcome:ada",
+                           to="ada@example.com")
+    in_use = problem(await api.client.delete("/v1/templates/welcome", headers=ops), 409)
+    assert "still referenced by 1 delivery" in in_use["detail"]
+    deprecated = await api.client.post("/v1/templates/welcome/deprecate", headers=ops)
+    assert deprecated.json()["deprecated"] is True
+    problem(await api.client.post("/v1/templates/nope/deprecate", headers=ops), 404)
+
+
+async def test_imports_through_the_api(api: Api, tmp_path: Path) -> None:
+    from postlane.imports import import_csv
+    from postlane.templates import add_template
+
+    await add_template(api.store, "welcome", subject="Hi {{ name }}", text="Hello {{ name }}")
+    rows = "".join(f"{i},u{i}@example.com,User {i}\n" for i in range(5))
+    (tmp_path / "spring.csv").write_text("user_id,email,name\n" + rows + "x,not-an-address,X\n")
+    await import_csv(api.store, tmp_path / "spring.csv", template="welcome",
+                     import_id="spring")
+    read, ops = api.auth("read"), api.auth("operate")
+    listed = (await api.client.get("/v1/imports", headers=read)).json()["imports"]
+    assert [i["import_id"] for i in listed] == ["spring"]
+    spring = (await api.client.get("/v1/imports/spring", headers=read)).json()
+    assert spring["rows"] == {"read": 6, "enqueued": 5, "created": 5, "skipped": 1}
+    assert spring["deliveries"]["queued"] == 5 and spring["paused"] is False
+    paused = await api.client.post("/v1/imports/spring/pause", headers=ops)
+    assert paused.json() == {"import_id": "spring", "paused": True}
+    assert (await api.client.get("/v1/imports/spring", headers=read)).json()["paused"]
+    await api.client.post("/v1/imports/spring/resume", headers=ops)
+    assert not (await api.client.get("/v1/imports/spring", headers=read)).json()["paused"]
+    problem(await api.client.get("/v1/imports/autumn", headers=read), 404)
 
 
 # -- webhooks ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from postlane import __version__
 from postlane.api import problems
 from postlane.api.models import Health
 from postlane.api.routes import router
+from postlane.api.routes_content import router as content_router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
 from postlane.core.lanes import DEFAULT_LANES
@@ -36,7 +37,8 @@ and replay dead letters, pause lanes, read the four numbers.
 
 **Authentication.** `Authorization: Bearer pl_...` with a key from `postlane apikey create
 --scopes ...`. Scopes: `send` (queue messages), `read` (every GET), `operate` (replay,
-discard, pause, resume). No key or an unknown one: 401; a key without the scope: 403.
+discard, pause, resume, manage templates). No key or an unknown one: 401; a key without
+the scope: 403.
 
 **Idempotency.** `POST /v1/messages` requires an `Idempotency-Key` header (400 without it):
 the delivery's idempotency key. Repeating a request with the same key and body returns the
@@ -152,6 +154,8 @@ def create_app(
             {"name": "messages", "description": "Queue messages and follow them."},
             {"name": "dead letters", "description": "Triage, staged replay, discard."},
             {"name": "operating", "description": "Pauses and the four numbers."},
+            {"name": "templates", "description": "Versioned templates."},
+            {"name": "imports", "description": "Bulk import runs: counters and pauses."},
             {"name": "webhooks", "description": "Provider delivery events."},
             {"name": "service", "description": "Health and metrics."},
         ],
@@ -159,6 +163,7 @@ def create_app(
     app.state.postlane = state
     problems.install(app)
     app.include_router(router)
+    app.include_router(content_router)
 
     @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
     async def healthz() -> Health:
