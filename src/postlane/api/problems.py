@@ -160,6 +160,16 @@ def _location(loc: Iterable[Any]) -> str:
     return ".".join(parts)
 
 
+def _database_errors() -> tuple[type[Exception], ...]:
+    """Errors meaning the database is down or overloaded (not a bug): answered with 503."""
+    import sqlite3
+
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    return (psycopg.OperationalError, PoolTimeout, sqlite3.OperationalError)
+
+
 def install(app: FastAPI) -> None:
     """Answer every error as problem details."""
 
@@ -208,6 +218,14 @@ def install(app: FastAPI) -> None:
         title = ("Database not migrated" if isinstance(exc, MigrationRequired)
                  else "Database unavailable")
         return problem_response(503, TYPE_BASE + "store-unavailable", title, str(exc))
+
+    async def _database_down(request: Request, exc: Exception) -> JSONResponse:
+        log.error("database error on %s %s: %s", request.method, request.url.path, exc)
+        return problem_response(503, TYPE_BASE + "store-unavailable", "Database unavailable",
+                                f"the database did not answer: {type(exc).__name__}")
+
+    for error in _database_errors():
+        app.add_exception_handler(error, _database_down)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

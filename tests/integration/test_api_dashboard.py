@@ -1,0 +1,112 @@
+"""The dashboard's sessions and forms without a browser (the browser test is in
+``tests/acceptance``): the cookie holds no key, forms need their CSRF token and the
+``operate`` scope, a revoked key ends its sessions, redirects stay inside the dashboard."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from postlane import open_store
+from postlane.api import create_app
+from postlane.api.keys import create_key
+from postlane.api.sessions import COOKIE, Sessions
+from postlane.store import Store
+from postlane.worker.controls import LANE_PAUSE
+
+
+@pytest.fixture
+async def store(sqlite_url: str) -> AsyncIterator[Store]:
+    async with open_store(sqlite_url) as s:
+        await s.migrate()
+        yield s
+
+
+@pytest.fixture
+async def client(store: Store, sqlite_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(sqlite_url, sample_interval_s=0)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash") as c:
+            yield c
+
+
+async def login(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    return await client.post("/dashboard/login", data={"api_key": token,
+                                                       "next": "/dashboard/dead-letters"})
+
+
+def csrf(page: str) -> str:
+    match = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert match, "no CSRF token in the page"
+    return match[1]
+
+
+async def test_sign_in_keeps_no_key_in_the_cookie(client: httpx.AsyncClient,
+                                                  store: Store) -> None:
+    _, token = await create_key(store, "read,operate", name="ops")
+    response = await login(client, token)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/dashboard/dead-letters"
+    cookie = response.cookies[COOKIE]
+    assert token not in cookie and token[3:] not in cookie
+    header = response.headers["set-cookie"].lower()
+    assert "httponly" in header and "samesite=strict" in header and "path=/dashboard" in header
+    page = await client.get("/dashboard")
+    assert page.status_code == 200 and "Lanes" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+
+
+async def test_sign_in_refusals(client: httpx.AsyncClient, store: Store) -> None:
+    _, sender = await create_key(store, "send", name="app")
+    refused = await login(client, sender)
+    assert refused.status_code == 401 and "lacks the &#39;read&#39; scope" in refused.text
+    refused = await login(client, "pl_nope")
+    assert refused.status_code == 401 and "unknown or revoked" in refused.text
+    # Only redirects inside the dashboard.
+    _, token = await create_key(store, "read", name="ops")
+    response = await client.post("/dashboard/login", data={"api_key": token,
+                                                           "next": "https://evil.example"})
+    assert response.headers["location"] == "/dashboard"
+    forged = Sessions().issue(1)  # signed with another secret
+    client.cookies.clear()
+    client.cookies.set(COOKIE, forged)
+    assert (await client.get("/dashboard")).status_code == 303
+
+
+async def test_forms_need_their_csrf_token_and_the_operate_scope(
+        client: httpx.AsyncClient, store: Store) -> None:
+    _, token = await create_key(store, "read,operate", name="ops")
+    await login(client, token)
+    token_in_page = csrf((await client.get("/dashboard")).text)
+    forged = await client.post("/dashboard/lanes/bulk/pause", data={"csrf": "0" * 32})
+    assert forged.status_code == 303
+    assert "the form expired" in (await client.get("/dashboard")).text
+    assert LANE_PAUSE + "bulk" not in await store.get_controls()
+    paused = await client.post("/dashboard/lanes/bulk/pause", data={"csrf": token_in_page})
+    assert paused.status_code == 303
+    assert LANE_PAUSE + "bulk" in await store.get_controls()
+
+    client.cookies.clear()
+    _, reader = await create_key(store, "read", name="auditor")
+    await login(client, reader)
+    page = (await client.get("/dashboard")).text
+    assert "Resume bulk" not in page
+    refused = await client.post("/dashboard/lanes/bulk/resume", data={"csrf": csrf(page)})
+    assert refused.status_code == 303
+    assert "lacks the &#39;operate&#39; scope" in (await client.get("/dashboard")).text
+    assert LANE_PAUSE + "bulk" in await store.get_controls()
+
+
+async def test_revoking_a_key_ends_its_sessions(client: httpx.AsyncClient,
+                                                store: Store) -> None:
+    key, token = await create_key(store, "read", name="leaving")
+    await login(client, token)
+    assert (await client.get("/dashboard")).status_code == 200
+    await store.revoke_api_key(key.id)
+    response = await client.get("/dashboard/messages?q=1")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/dashboard/login?next=")
