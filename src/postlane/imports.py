@@ -33,7 +33,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import validate
 from postlane.errors import ImportRejected, InvalidMessage
 from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
-from postlane.templates import CompiledTemplate, _usable, check_name, compile_template
+from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 
 __all__ = [
@@ -214,7 +214,7 @@ async def import_csv(
                              "control characters")
     if batch_size < 1:
         raise ImportRejected("batch size must be at least 1")
-    compiled = compile_template(_usable(await store.get_template(template), template, None))
+    compiled = compile_template(require_usable(await store.get_template(template), template, None))
     version = compiled.template.version
     file_name = Path(path).name
     total = os.path.getsize(path)

@@ -67,6 +67,7 @@ __all__ = [
     "render_message",
     "render_message_in_transaction",
     "render_message_in_transaction_async",
+    "require_usable",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -201,7 +202,10 @@ def check_name(name: str) -> None:
             "starting with a letter or digit", field="template_id")
 
 
-def _usable(template: TemplateVersion | None, name: str, version: int | None) -> TemplateVersion:
+def require_usable(
+    template: TemplateVersion | None, name: str, version: int | None
+) -> TemplateVersion:
+    """``template`` if it exists and takes new enqueues; else the matching error."""
     if template is None:
         which = f"{name!r} version {version}" if version is not None else repr(name)
         raise UnknownTemplate(f"unknown template {which}", field="template_id")
@@ -256,7 +260,7 @@ async def render_message(
     expires_at, expires_in, delay. Raises ``UnknownTemplate``, ``TemplateDeprecated`` or
     ``TemplateError`` (a missing variable...); nothing is written.
     """
-    template = _usable(await store.get_template(name, version), name, version)
+    template = require_usable(await store.get_template(name, version), name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
 
@@ -298,7 +302,7 @@ def render_message_in_transaction(
         from postlane.store.postgres import PostgresStore
 
         found = PostgresStore.template_on_sync_connection(raw, name, version)
-    template = _usable(found, name, version)
+    template = require_usable(found, name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
 
@@ -323,7 +327,7 @@ async def render_message_in_transaction_async(
         raise UnsupportedConnection("this form takes a psycopg.AsyncConnection")
     from postlane.store.postgres import PostgresStore
 
-    template = _usable(await PostgresStore.template_on_connection(conn, name, version),
+    template = require_usable(await PostgresStore.template_on_connection(conn, name, version),
                        name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
