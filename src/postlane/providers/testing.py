@@ -159,20 +159,23 @@ class RecordFileProvider(Provider):
     async def send(self, delivery: Delivery) -> Outcome:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
+        # Stamped on arrival, as a provider counts requests against its rate limit; the
+        # recorder's own queueing (the lock, the file's write lock) is not the sender's.
+        arrived = time.time()
         async with self._lock:
-            provider_id = await asyncio.to_thread(self._record, delivery)
+            provider_id = await asyncio.to_thread(self._record, delivery, arrived)
         if delivery.key == self.hang_key:
             await asyncio.Event().wait()  # accepted, and the answer never comes
         return Outcome.accepted(provider_id)
 
-    def _record(self, delivery: Delivery) -> str:
+    def _record(self, delivery: Delivery, arrived: float) -> str:
         assert self._conn is not None, "provider not opened"
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
                 "INSERT INTO sends (key, delivery_id, at, pid) VALUES (?, ?, ?, ?)",
-                (delivery.key, delivery.id, time.time(), os.getpid()),
+                (delivery.key, delivery.id, arrived, os.getpid()),
             )
             row = conn.execute("SELECT provider_id FROM accepted WHERE key = ?",
                                (delivery.key,)).fetchone()

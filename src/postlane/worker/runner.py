@@ -65,9 +65,11 @@ class WorkerConfig:
     controls_interval_s: float = 0.5
     ack_interval_s: float = 0.005
     limiter_horizon_s: float = 0.25
-    late_slot_s: float = 0.01
-    """A send slot missed by more than this (the event loop stalled) is not used late; the
-    send takes a fresh slot. Keep it well under the limiter's headroom (2 % = 20 ms)."""
+    late_slot_s: float = 0.015
+    """A send slot possibly missed by more than this (the event loop stalled, or the limiter's
+    answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
+    headroom in seconds (2 % = 20 ms): sends spread further from their slots than the headroom
+    can overfill a one-second window at the provider."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
@@ -122,6 +124,7 @@ class Worker:
         # One limiter poller per lane: without it every waiting batch polls the limiter at
         # each freed slot (a thundering herd of round trips per send).
         self._reserve_locks = {name: asyncio.Lock() for name in self.lanes}
+        self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._shutting_down = False
@@ -274,14 +277,15 @@ class Worker:
                 for delivery in to_send:
                     self._release(delivery, "released at shutdown")
                 return
-            delays = await self._reserve_slots(lane, len(to_send))
+            reserved = await self._reserve_slots(lane, len(to_send))
             reserved_at = time.monotonic()
-            if delays is None:  # the gate is closed for long: give them back, unspent
+            if reserved is None:  # the gate is closed for long: give them back, unspent
                 retry_in = await self._gate_remaining()
                 for delivery in to_send:
                     self._release(delivery, "rate limit gate closed", delay_s=retry_in,
                                   event="throttled")
                 return
+            delays, uncertainty = reserved
             group, to_send = to_send[:len(delays)], to_send[len(delays):]
             started = await self.store.start_attempts(
                 self.owner, [Claim(d.id, d.claims) for d in group]
@@ -294,18 +298,21 @@ class Worker:
                 if delivery.id not in started:
                     self._lost(delivery, "lease lost before the attempt started")
                     continue
-                sends.append(self._send_one(config, delivery, delay - elapsed))
+                sends.append(self._send_one(config, delivery, delay - elapsed, uncertainty))
             await asyncio.gather(*sends)
 
-    async def _reserve_slots(self, lane: str, n: int) -> list[float] | None:
-        """Send slots for up to ``n`` deliveries; None when the gate stays shut for long."""
+    async def _reserve_slots(self, lane: str, n: int) -> tuple[list[float], float] | None:
+        """Send slots for up to ``n`` deliveries as (delays from now, uncertainty); None when
+        the gate stays shut for long. The limiter decided somewhere within the round trip, so a
+        slot counted from its answer may be late by up to that round trip: the uncertainty."""
         if self.limiter is None:
-            return [0.0] * n
+            return [0.0] * n, 0.0
         async with self._reserve_locks[lane]:
             while True:
+                asked = time.monotonic()
                 reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
                 if reservation.delays_s:
-                    return reservation.delays_s
+                    return reservation.delays_s, time.monotonic() - asked
                 if reservation.retry_in_s > 2.0:
                     return None
                 self.counters["limiter_waits"] += 1
@@ -314,29 +321,44 @@ class Worker:
     async def _gate_remaining(self) -> float:
         return await self.limiter.gate_remaining_s() if self.limiter else 0.0
 
-    async def _wait_for_slot(self, lane: str, delay_s: float) -> bool:
-        """Sleep until the reserved slot; False when the gate closed before a late retry.
+    async def _wait_for_slot(self, lane: str, delay_s: float, uncertainty_s: float) -> bool:
+        """Sleep until the reserved slot; False when the gate is closed (someone's 429).
 
-        A slot missed by more than ``late_slot_s`` is not used: after an event-loop stall,
-        every send whose slot passed during it would go out at once, on top of the on-time
-        sends of other tasks and processes, and overfill the provider's one-second window.
-        Such a send takes a fresh slot instead.
+        A slot possibly missed by more than ``late_slot_s`` is not used: after an event-loop
+        stall (or a slow limiter answer, or a slow gate check), every send whose slot passed
+        meanwhile would go out at once, on top of the on-time sends of other tasks and
+        processes, and overfill the provider's one-second window. Such a send takes a fresh
+        slot instead. The gate is checked ahead of the slot by the recent worst round trip of
+        that check (decaying, capped at ``late_slot_s``), so the check does not make the send
+        late, and before that test, so a slower check still counts.
         """
         deadline = time.monotonic() + delay_s
         while True:
+            early = deadline - self._gate_check_s
+            if early > time.monotonic():
+                await asyncio.sleep(early - time.monotonic())
+            # A slot granted before someone's 429 closed the gate is not used while it is shut.
+            asked = time.monotonic()
+            closed = await self._gate_remaining()
+            self._gate_check_s = min(max(time.monotonic() - asked, self._gate_check_s * 0.95),
+                                     self.config.late_slot_s)
+            if closed:
+                return False
             if deadline > time.monotonic():
                 await asyncio.sleep(deadline - time.monotonic())
-            if self.limiter is None or time.monotonic() - deadline <= self.config.late_slot_s:
+            late = time.monotonic() - deadline + uncertainty_s
+            if self.limiter is None or late <= self.config.late_slot_s:
                 return True
             self.counters["late_slots"] += 1
-            delays = await self._reserve_slots(lane, 1)
-            if delays is None:
+            reserved = await self._reserve_slots(lane, 1)
+            if reserved is None:
                 return False
-            deadline = time.monotonic() + delays[0]
+            (delay_s,), uncertainty_s = reserved
+            deadline = time.monotonic() + delay_s
 
-    async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float) -> None:
-        # A slot granted before someone's 429 closed the gate is not used while it is shut.
-        if not await self._wait_for_slot(lane.name, delay_s) or await self._gate_remaining():
+    async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float,
+                        uncertainty_s: float = 0.0) -> None:
+        if not await self._wait_for_slot(lane.name, delay_s, uncertainty_s):
             self._release(delivery, "rate limit gate closed", event="throttled",
                           delay_s=await self._gate_remaining())
             return
