@@ -288,3 +288,9 @@ def redis_version(url: str = REDIS_URL) -> str:
         return str(client.info("server").get("redis_version", "unknown"))
     finally:
         client.close()
+
+
+def with_admin_db() -> str:
+    from bench._common import pg_admin_url
+
+    return pg_admin_url()

@@ -1,0 +1,1 @@
+"""The fault harness (``python -m bench.chaos``); see ``bench/chaos/run.py``."""
