@@ -38,6 +38,7 @@ from postlane.core.policy import (
     ProviderTraits,
     RetryPolicy,
     decide,
+    effective_expiry,
     expire_if_useless,
     handler_error,
 )
@@ -129,6 +130,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._shutting_down = False
         self._done = asyncio.Event()
+        self._last_rescue = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -206,45 +208,65 @@ class Worker:
         return count
 
     async def _lane_loop(self, lane: str) -> None:
-        wakeup = self._lane_wakeup[lane]
+        failures = 0
         while not self._stopping.is_set():
-            allowed, probe = await self._may_claim(lane)
-            if not allowed:
-                wakeup.clear()
-                await _wait(wakeup, self.config.controls_interval_s)
-                continue
-            capacity = 1 if probe else self._capacity(lane)
-            if capacity <= 0:
-                self._slot_freed.clear()
-                await _wait(self._slot_freed, self.config.poll_interval_s)
-                continue
-            wakeup.clear()
-            claiming = asyncio.ensure_future(self.store.claim_batch(
-                lane, capacity, self.owner, self.config.lease,
-                exclude_imports=self.controls.paused_imports,
-            ))
             try:
-                batch = await asyncio.shield(claiming)
-            except asyncio.CancelledError:
-                # Stopped mid-claim: the rows may be leased already; hold them so the stop
-                # gives them back instead of leaving them leased.
-                with contextlib.suppress(Exception):
-                    for delivery in await claiming:
-                        self._held[delivery.id] = Claim(delivery.id, delivery.claims)
-                raise
-            if probe:
-                self.breaker.probe_claimed(batch)
-            self._wanting[lane] = len(batch) >= capacity
-            if not batch:
-                await _wait(wakeup, self.config.poll_interval_s)
-                continue
-            self.counters["claimed"] += len(batch)
-            self._in_flight[lane] += len(batch)
-            for delivery in batch:
-                self._held[delivery.id] = Claim(delivery.id, delivery.claims)
-            task = asyncio.create_task(self._dispatch(lane, batch))
-            self._send_tasks.add(task)
-            task.add_done_callback(self._send_tasks.discard)
+                await self._claim_once(lane)
+                failures = 0
+            except Exception as exc:  # the database or the limiter is unreachable: back off
+                failures += 1
+                await self._backoff(f"lane {lane}", exc, failures)
+
+    async def _backoff(self, where: str, exc: Exception, failures: int) -> None:
+        """A background loop hit an error it cannot handle (database down, Redis down):
+        log it, count it, wait a little longer each time, and carry on."""
+        self.counters["errors"] += 1
+        delay = min(5.0, 0.1 * 2 ** min(failures, 6))
+        log.error("%s: %s: %s; retrying in %.1fs", where, type(exc).__name__, exc, delay)
+        await asyncio.sleep(delay)
+
+    async def _claim_once(self, lane: str) -> None:
+        """One turn of a lane loop: claim what the lane may send now, and dispatch it."""
+        wakeup = self._lane_wakeup[lane]
+        if self._stopping.is_set():
+            return
+        allowed, probe = await self._may_claim(lane)
+        if not allowed:
+            wakeup.clear()
+            await _wait(wakeup, self.config.controls_interval_s)
+            return
+        capacity = 1 if probe else self._capacity(lane)
+        if capacity <= 0:
+            self._slot_freed.clear()
+            await _wait(self._slot_freed, self.config.poll_interval_s)
+            return
+        wakeup.clear()
+        claiming = asyncio.ensure_future(self.store.claim_batch(
+            lane, capacity, self.owner, self.config.lease,
+            exclude_imports=self.controls.paused_imports,
+        ))
+        try:
+            batch = await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            # Stopped mid-claim: the rows may be leased already; hold them so the stop
+            # gives them back instead of leaving them leased.
+            with contextlib.suppress(Exception):
+                for delivery in await claiming:
+                    self._held[delivery.id] = Claim(delivery.id, delivery.claims)
+            raise
+        if probe:
+            self.breaker.probe_claimed(batch)
+        self._wanting[lane] = len(batch) >= capacity
+        if not batch:
+            await _wait(wakeup, self.config.poll_interval_s)
+            return
+        self.counters["claimed"] += len(batch)
+        self._in_flight[lane] += len(batch)
+        for delivery in batch:
+            self._held[delivery.id] = Claim(delivery.id, delivery.claims)
+        task = asyncio.create_task(self._dispatch(lane, batch))
+        self._send_tasks.add(task)
+        task.add_done_callback(self._send_tasks.discard)
 
     async def _may_claim(self, lane: str) -> tuple[bool, bool]:
         """(may claim, as the breaker's probe). Pauses and the breaker are fleet-wide."""
@@ -254,12 +276,27 @@ class Worker:
 
     # -- sending ---------------------------------------------------------------------------
     async def _dispatch(self, lane: str, batch: list[Delivery]) -> None:
+        pending = {d.id: d for d in batch}  # claimed, not yet handed to a send or reported
+        try:
+            await self._dispatch_batch(lane, batch, pending)
+        except Exception as exc:
+            # The store or the limiter failed between claim and send: nothing was sent, so
+            # give the rest back unspent (the ack waits in memory if the store is down).
+            self.counters["errors"] += 1
+            log.error("dispatch of %d deliveries failed (%s: %s); released unspent",
+                      len(pending), type(exc).__name__, exc)
+            for delivery in pending.values():
+                self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
+
+    async def _dispatch_batch(self, lane: str, batch: list[Delivery],
+                              pending: dict[int, Delivery]) -> None:
         config = self.lanes[lane]
         now = datetime.now(UTC)
         to_send = []
         for delivery in batch:
-            expired = expire_if_useless(delivery, now)
+            expired = expire_if_useless(delivery, now, config)
             if expired is not None:
+                pending.pop(delivery.id)
                 self._report(delivery, expired, release=True)
             else:
                 to_send.append(delivery)
@@ -267,6 +304,7 @@ class Worker:
         if suppressed:
             for delivery in [d for d in to_send if d.id in suppressed]:
                 # Not a dead letter: the address asked (by bouncing or complaining) for no mail.
+                pending.pop(delivery.id)
                 self._report(delivery, Decision(
                     State.SUPPRESSED, "suppressed", spend_attempt=False,
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
@@ -275,6 +313,7 @@ class Worker:
         while to_send:
             if self._shutting_down:
                 for delivery in to_send:
+                    pending.pop(delivery.id)
                     self._release(delivery, "released at shutdown")
                 return
             reserved = await self._reserve_slots(lane, len(to_send))
@@ -282,6 +321,7 @@ class Worker:
             if reserved is None:  # the gate is closed for long: give them back, unspent
                 retry_in = await self._gate_remaining()
                 for delivery in to_send:
+                    pending.pop(delivery.id)
                     self._release(delivery, "rate limit gate closed", delay_s=retry_in,
                                   event="throttled")
                 return
@@ -295,6 +335,7 @@ class Worker:
             elapsed = time.monotonic() - reserved_at
             sends = []
             for delivery, delay in zip(group, delays, strict=True):
+                pending.pop(delivery.id)  # from here on, _send_one owns its outcome
                 if delivery.id not in started:
                     self._lost(delivery, "lease lost before the attempt started")
                     continue
@@ -358,9 +399,17 @@ class Worker:
 
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float,
                         uncertainty_s: float = 0.0) -> None:
-        if not await self._wait_for_slot(lane.name, delay_s, uncertainty_s):
-            self._release(delivery, "rate limit gate closed", event="throttled",
-                          delay_s=await self._gate_remaining())
+        try:
+            slot = await self._wait_for_slot(lane.name, delay_s, uncertainty_s)
+            gate = 0.0 if slot else await self._gate_remaining()
+        except Exception as exc:  # the limiter is unreachable: the request never left
+            self.counters["errors"] += 1
+            log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
+                      type(exc).__name__, exc)
+            self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
+            return
+        if not slot:
+            self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
         started = time.perf_counter()
         try:
@@ -388,10 +437,16 @@ class Worker:
         # the slot is freed only once the breaker has seen it.
         self._report(delivery, decision, release=False,
                      provider_message_id=outcome.provider_message_id, error=outcome.response)
-        if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
-            await self.limiter.close_gate(outcome.retry_after_s)
-        await self.breaker.observe(outcome, decision, delivery.id)
-        self._release_slot(delivery)
+        try:
+            if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
+                await self.limiter.close_gate(outcome.retry_after_s)
+            await self.breaker.observe(outcome, decision, delivery.id)
+        except Exception as exc:  # the outcome is reported; only the fleet signals failed
+            self.counters["errors"] += 1
+            log.error("delivery %d: could not share its outcome with the fleet (%s: %s)",
+                      delivery.id, type(exc).__name__, exc)
+        finally:
+            self._release_slot(delivery)
 
     # -- reporting -------------------------------------------------------------------------
     def _report(
@@ -442,17 +497,27 @@ class Worker:
         self._slot_freed.set()
 
     async def _acker(self) -> None:
+        failures = 0
         while True:
             await _wait(self._ack_wakeup, self.config.ack_interval_s)
             self._ack_wakeup.clear()
-            await self._flush_acks()
+            try:
+                await self._flush_acks()
+                failures = 0
+            except Exception as exc:  # kept in memory and written once the store is back
+                failures += 1
+                await self._backoff("ack", exc, failures)
 
     async def _flush_acks(self) -> None:
         async with self._ack_lock:
             if not self._acks:
                 return
             batch, self._acks = self._acks, []
-            applied = await self.store.set_state_if_sending_many(self.owner, batch)
+            try:
+                applied = await self.store.set_state_if_sending_many(self.owner, batch)
+            except BaseException:
+                self._acks[:0] = batch
+                raise
             for transition in batch:
                 self._held.pop(transition.id, None)
                 if transition.id not in applied:
@@ -464,8 +529,14 @@ class Worker:
 
     # -- background ------------------------------------------------------------------------
     async def _waker(self) -> None:
+        failures = 0
         while True:
-            await self.store.wait_for_work(self.config.poll_interval_s)
+            try:
+                await self.store.wait_for_work(self.config.poll_interval_s)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                await self._backoff("wake-up", exc, failures)
             for event in self._lane_wakeup.values():
                 event.set()
 
@@ -475,29 +546,46 @@ class Worker:
             await asyncio.sleep(interval)
             held = list(self._held.values())
             if held:
-                kept = await self.store.renew_leases(self.owner, held, self.config.lease)
+                try:
+                    kept = await self.store.renew_leases(self.owner, held, self.config.lease)
+                except Exception as exc:
+                    self.counters["errors"] += 1
+                    log.error("lease renewal failed (%s: %s)", type(exc).__name__, exc)
+                    continue
                 lost = len(held) - len(kept)
                 if lost:
                     self.counters["lease_lost"] += lost
 
     async def _caretaker(self) -> None:
-        last_rescue = 0.0
+        failures = 0
         while True:
-            await self.controls.refresh()
-            await self.breaker.refresh(self.controls.breaker(self.provider.account))
-            if time.monotonic() - last_rescue >= self.config.rescue_interval_s:
-                last_rescue = time.monotonic()
-                rescued = await self.store.rescue_expired_leases()
-                if rescued.requeued or rescued.ambiguous:
-                    log.warning("rescued expired leases: %d requeued, %d ambiguous",
-                                len(rescued.requeued), len(rescued.ambiguous))
-                    for event in self._lane_wakeup.values():
-                        event.set()
-                await self.reconcile_ambiguous()
-            if self.config.drain and await self._drained():
-                self._done.set()
-                return
+            try:
+                if await self._care():
+                    return
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                await self._backoff("caretaker", exc, failures)
+                continue
             await asyncio.sleep(self.config.controls_interval_s)
+
+    async def _care(self) -> bool:
+        """One round of housekeeping; True when a drain is complete."""
+        await self.controls.refresh()
+        await self.breaker.refresh(self.controls.breaker(self.provider.account))
+        if time.monotonic() - self._last_rescue >= self.config.rescue_interval_s:
+            self._last_rescue = time.monotonic()
+            rescued = await self.store.rescue_expired_leases()
+            if rescued.requeued or rescued.ambiguous:
+                log.warning("rescued expired leases: %d requeued, %d ambiguous",
+                            len(rescued.requeued), len(rescued.ambiguous))
+                for event in self._lane_wakeup.values():
+                    event.set()
+            await self.reconcile_ambiguous()
+        if self.config.drain and await self._drained():
+            self._done.set()
+            return True
+        return False
 
     async def _drained(self) -> bool:
         if self._send_tasks or self._held or self._acks:
@@ -540,12 +628,15 @@ class Worker:
             if found is not None and found.kind is OutcomeClass.ACCEPTED:
                 return to(State.SENT, "reconciled", "the provider has it",
                           provider_message_id=found.provider_message_id)
+            if found is not None:  # the lookup itself failed: ask again next round
+                return None
             why = "the provider does not have it"
         elif self.traits.deduplicates_by_key:
             why = "retry with the same key; the provider deduplicates"
         else:
             why = "lane policy is resend: a duplicate is accepted"
-        if delivery.expires_at is not None and now >= delivery.expires_at:
+        expires_at = effective_expiry(delivery, lane)
+        if expires_at is not None and now >= expires_at:
             return to(State.EXPIRED, "expired", why, dead_reason=DeadReason.EXPIRED)
         if delivery.attempts >= lane.max_attempts:
             return to(State.DEAD, "dead_lettered", why, dead_reason=DeadReason.BUDGET_EXHAUSTED)
