@@ -703,7 +703,8 @@ async def test_resolve_ambiguous_as_dead(store: Store, side: SideDB) -> None:
     assert await store.set_state_if_ambiguous_many([t]) == {a.id}
     dl = await store.dead_letter(a.id)
     assert dl is not None and dl.reason == "ambiguous_unresolved"
-    assert [h["outcome"] for h in dl.attempt_history] == ["ambiguous_unresolved"]
+    # The rescued attempt (its lease expired after it started) is part of the history.
+    assert [h["outcome"] for h in dl.attempt_history] == ["ambiguous", "ambiguous_unresolved"]
     assert "may have accepted" in (dl.last_response or "")
 
 
@@ -753,7 +754,9 @@ async def test_rescue_the_three_cases(store: Store, side: SideDB) -> None:
     assert (ev_ns.kind, ev_ns.state, ev_ns.data) == (
         "lease_expired", "pending", {"owner": "w1", "attempt_started": False})
     assert (ev_st.kind, ev_st.state, ev_st.data) == (
-        "lease_expired", "ambiguous", {"owner": "w1", "attempt_started": True})
+        "lease_expired", "ambiguous", {"owner": "w1", "attempt_started": True,
+                                       "outcome": "ambiguous", "attempt": 1,
+                                       "response": "lease expired after the attempt started"})
     assert await kinds(store, ac.id) == ["enqueued", "claimed", "sent"]
 
     # Idempotent: nothing left to rescue, and the old owner can no longer act.

@@ -259,11 +259,16 @@ WITH picked AS (
         lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
         updated_at = now()
     FROM picked p WHERE d.id = p.id
-    RETURNING d.id, d.state, p.lease_owner, p.started
+    RETURNING d.id, d.state, d.attempts, p.lease_owner, p.started
 ), ev AS (
+    -- A started attempt that never reported is part of the attempt history (as ambiguous).
     INSERT INTO postlane_events (delivery_id, kind, state, data)
     SELECT id, 'lease_expired', state,
            jsonb_build_object('owner', lease_owner, 'attempt_started', started)
+           || CASE WHEN started THEN jsonb_build_object(
+                  'outcome', 'ambiguous', 'attempt', attempts,
+                  'response', 'lease expired after the attempt started')
+              ELSE '{}'::jsonb END
     FROM u
 )
 SELECT id, state FROM u

@@ -419,15 +419,19 @@ class SQLiteStore(Store):
                     f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at LIMIT ?", (limit,)
                 ).fetchall()
                 for id_, owner, started in rows:
+                    detail: dict[str, Any] = {"owner": owner, "attempt_started": bool(started)}
                     if started:
-                        conn.execute(
+                        attempts = conn.execute(
                             f"UPDATE postlane_deliveries SET state = 'ambiguous', "
                             f"attempts = attempts + 1, last_error = ?, lease_owner = NULL, "
                             f"lease_expires_at = NULL, attempt_started_at = NULL, "
-                            f"updated_at = {NOW} WHERE id = ?",
+                            f"updated_at = {NOW} WHERE id = ? RETURNING attempts",
                             ("lease expired after the attempt started; the provider may have "
                              "accepted it", id_),
-                        )
+                        ).fetchone()[0]
+                        # Part of the attempt history, as an ambiguous attempt.
+                        detail.update(outcome="ambiguous", attempt=attempts,
+                                      response="lease expired after the attempt started")
                         ambiguous.append(id_)
                     else:
                         conn.execute(
@@ -439,7 +443,7 @@ class SQLiteStore(Store):
                         requeued.append(id_)
                     conn.execute(_INSERT_EVENT, (
                         id_, "lease_expired", "ambiguous" if started else "pending",
-                        json.dumps({"owner": owner, "attempt_started": bool(started)}),
+                        json.dumps(detail),
                     ))
             return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
         return await self._run(_rescue)
