@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 
@@ -110,3 +111,30 @@ async def test_revoking_a_key_ends_its_sessions(client: httpx.AsyncClient,
     response = await client.get("/dashboard/messages?q=1")
     assert response.status_code == 303
     assert response.headers["location"].startswith("/dashboard/login?next=")
+
+
+def test_apikey_cli_shows_the_token_once_and_revokes(sqlite_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from postlane.cli.main import app
+
+    runner = CliRunner()
+
+    def cli(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, ["--db", sqlite_url, *args])
+        return result.exit_code, result.output
+
+    assert cli("migrate")[0] == 0
+    code, out = cli("apikey", "create", "--scopes", "send,read", "--name", "shop", "--json")
+    assert code == 0, out
+    created = json.loads(out)
+    assert created["token"].startswith("pl_") and created["scopes"] == ["send", "read"]
+    code, out = cli("apikey", "list", "--json")
+    listed = json.loads(out)
+    assert [(k["id"], k["name"], k["revoked_at"]) for k in listed] == [(1, "shop", None)]
+    assert created["token"] not in out and listed[0]["prefix"] == created["token"][:11]
+    code, out = cli("apikey", "create", "--scopes", "admin")
+    assert code != 0 and "unknown scope(s) admin" in out
+    assert cli("apikey", "revoke", "1") == (0, "revoked API key 1\n")
+    code, out = cli("apikey", "revoke", "1")
+    assert code == 1 and "no active API key with id 1" in out

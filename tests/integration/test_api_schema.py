@@ -8,7 +8,9 @@ RFC 5322, an SMS needing E.164, text or html being required for email), so a sch
 body can still be a 422 ``invalid-message`` with its ``field`` — which the document
 declares.
 
-Bounded: a few dozen examples per operation, so the whole run stays well under a minute.
+Bounded: a few dozen examples per operation, so the whole run stays well under a minute;
+derandomized, so that a run is repeatable (random runs found the bugs this document's
+history fixed; the one false alarm left was a surrogate pair counted as two characters).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def database() -> Iterator[None]:
 
 
 @schema.parametrize()
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                                  HealthCheck.function_scoped_fixture])
 def test_the_app_keeps_its_openapi_document(case: Any) -> None:

@@ -116,11 +116,15 @@ def complete_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
     - errors are ``application/problem+json`` (FastAPI documents every model as JSON);
     - a request body can be malformed (400), too large (413) or invalid (422);
     - parameters can be invalid (422): a ``Problem``, not FastAPI's ``HTTPValidationError``;
-    - any operation can find the database unavailable (503).
+    - any operation can find the database unavailable (503);
+    - an optional parameter is absent, never ``null``: a query string has no null (FastAPI
+      documents ``str | None`` as ``anyOf: [string, null]``).
     """
     problem = {"$ref": "#/components/schemas/Problem"}
     for path, item in schema.get("paths", {}).items():
         for operation in item.values():
+            for parameter in operation.get("parameters", []):
+                _drop_null(parameter.get("schema", {}))
             responses = operation.setdefault("responses", {})
             codes = [] if path == "/healthz" else ["503"]
             if "requestBody" in operation:
@@ -139,6 +143,17 @@ def complete_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
     return schema
+
+
+def _drop_null(schema: dict[str, Any]) -> None:
+    variants = schema.get("anyOf")
+    if isinstance(variants, list) and {"type": "null"} in variants:
+        rest = [v for v in variants if v != {"type": "null"}]
+        del schema["anyOf"]
+        if len(rest) == 1:
+            schema.update(rest[0])
+        else:
+            schema["anyOf"] = rest
 
 
 # -- handlers ----------------------------------------------------------------------------

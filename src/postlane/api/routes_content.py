@@ -59,8 +59,8 @@ class TemplateIn(Strict):
     """A new version: Jinja2 (sandboxed; a missing variable is an error at enqueue)."""
 
     subject: Text = Field(max_length=998)
-    text: Text | None = Field(default=None, max_length=500_000)
-    html: Text | None = Field(default=None, max_length=500_000)
+    text: Text | None = None
+    html: Text | None = None
 
 
 class DeprecateIn(Strict):
