@@ -221,7 +221,8 @@ def windows_over(times: Sequence[float], ceiling: float, window: float = 1.0) ->
 
 
 def python_version_of(executable: str | Path) -> str:
-    out = subprocess.run([str(executable), "-c", "import platform; print(platform.python_version())"],
+    code = "import platform; print(platform.python_version())"
+    out = subprocess.run([str(executable), "-c", code],
                          capture_output=True, text=True, check=False)
     return out.stdout.strip()
 

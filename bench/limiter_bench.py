@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +121,8 @@ def markdown(runs: list[LimiterRun], command: str, redis_url: str) -> str:
         "drained by P `postlane worker --drain` processes; send times stamped by the provider "
         "on arrival (`record://` file).",
         "",
-        "| processes | backlog | sends seen | 1-s windows over the ceiling | most in any 1-s window "
+        "| processes | backlog | sends seen | 1-s windows over the ceiling "
+        "| most in any 1-s window "
         "| utilisation (first to last send) | lowest full second | duplicates |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

@@ -83,7 +83,8 @@ def measure(n: int) -> list[PickupRun]:
         with fresh_pg_database("postlane_bench_pickup") as db:
             runs.append(one_run(work, "PostgreSQL (LISTEN/NOTIFY)", db, n))
         print(f"bench pickup: SQLite, {n} spaced enqueues...", flush=True)
-        runs.append(one_run(work, "SQLite (data_version polled every 50 ms)", f"sqlite:///{work / 'pickup.db'}", n))
+        runs.append(one_run(work, "SQLite (data_version polled every 50 ms)",
+                            f"sqlite:///{work / 'pickup.db'}", n))
     return runs
 
 
@@ -101,7 +102,8 @@ def markdown(runs: list[PickupRun], command: str) -> str:
     for r in runs:
         lines.append(
             f"| {r.engine} | {len(r.claim)} of {r.messages} | {h.fmt_ms(h.percentile(r.claim, 50))}"
-            f" | {h.fmt_ms(h.percentile(r.claim, 99))} | {h.fmt_ms(max(r.claim, default=float('nan')))}"
+            f" | {h.fmt_ms(h.percentile(r.claim, 99))}"
+            f" | {h.fmt_ms(max(r.claim, default=float('nan')))}"
             f" | {h.fmt_ms(h.percentile(r.sent, 50))} | {h.fmt_ms(h.percentile(r.sent, 99))} |")
     lines += ["", "SQLite has no notification across processes: an idle worker checks "
               "`PRAGMA data_version` every 50 ms (and wakes at once on an enqueue made in its "

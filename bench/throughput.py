@@ -25,18 +25,16 @@ import asyncio
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 from bench import _harness as h
-from bench._common import fresh_pg_database, pg_admin_url, with_database
+from bench._common import fresh_pg_database
 
 PEERS_DIR = h.BENCH_DIR / "peers"
 PEERS_VENV = h.BENCH_DIR / ".venv-peers"
@@ -170,7 +168,8 @@ def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
 
 
 # -- peers -----------------------------------------------------------------------------------
-def _run_peer_script(args: list[str], env: dict[str, str], timeout: float = 900) -> dict[str, float]:
+def _run_peer_script(args: list[str], env: dict[str, str],
+                     timeout: float = 900) -> dict[str, float]:
     out = subprocess.run([str(PEERS_PY), *args], env=env, capture_output=True, text=True,
                          timeout=timeout, check=False, cwd=PEERS_DIR)
     if out.returncode != 0:
@@ -339,9 +338,9 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
     lines = [
         "## Throughput: no-op dispatch, Postlane and Python peers",
         "",
-        f"Command: `{command}`. Jobs pre-enqueued, then drained; every system on the same PostgreSQL server (a fresh "
-        "database each) or the same Redis, one after another in this run, a `VACUUM ANALYZE` "
-        "and a `CHECKPOINT` before each PostgreSQL drain.",
+        f"Command: `{command}`. Jobs pre-enqueued, then drained; every system on the same "
+        "PostgreSQL server (a fresh database each) or the same Redis, one after another in "
+        "this run, a `VACUUM ANALYZE` and a `CHECKPOINT` before each PostgreSQL drain.",
         "",
         "| system | backend | consumers | enqueue (bulk) | drain | wall incl. start-up "
         "| jobs/s | Postlane (2 proc.) / this |",

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import re
 import shutil
@@ -402,7 +401,7 @@ class Harness:
         stats = self.sandbox_stats_now()
         if stats:
             self.sandbox_stats.append(stats)
-        for slot, proc in self.workers.items():
+        for proc in self.workers.values():
             if proc is not None:
                 proc.stop(10)
         if self._producer_error is not None:
@@ -444,7 +443,8 @@ class Harness:
         ensure_pg_running()
         self.report.pg_restarted = out.returncode == 0
         self.event(f"PostgreSQL restart done in {time.monotonic() - started:.1f}s "
-                   f"(exit {out.returncode}{': ' + out.stderr.strip()[:200] if out.returncode else ''})")
+                   f"(exit {out.returncode}"
+                   f"{': ' + out.stderr.strip()[:200] if out.returncode else ''})")
 
     def provider_down(self) -> float:
         c = self.config
@@ -529,7 +529,8 @@ class Harness:
             [k for k in enqueued if per_key.get(k, 0) != 1] + [k for k in per_key
                                                                if k not in enqueued])
         a.sent_not_accepted = note("sent_not_accepted",
-                                   [k for k, s in state.items() if s == "sent" and k not in accepts])
+                                   [k for k, s in state.items()
+                                    if s == "sent" and k not in accepts])
         a.accepted_not_sent = note("accepted_not_sent",
                                    [k for k in accepts if k in state and state[k] != "sent"])
         dead = [r for r in rows if r[1] in ("dead", "expired")]
@@ -630,13 +631,15 @@ def summary(report: ChaosReport) -> str:
     ]
     if a.examples:
         lines.append(f"examples: {a.examples}")
-    lines.append("RESULT: " + ("OK" if report.ok else f"VIOLATIONS {a.violations or 'not settled'}"))
+    verdict = "OK" if report.ok else f"VIOLATIONS {a.violations or 'not settled'}"
+    lines.append("RESULT: " + verdict)
     return "\n".join(lines)
 
 
 def markdown(report: ChaosReport, command: str) -> str:
     a = report.audit
     c = report.config
+    reasons = ", ".join(f"{k} {v}" for k, v in a.dead_reasons.items())
     rows = [
         ("deliveries enqueued", f"{a.enqueued:,} ({int(c['upfront'] * 100)} % before the "
                                 "workers start, the rest trickled during the faults)"),
@@ -658,7 +661,7 @@ def markdown(report: ChaosReport, command: str) -> str:
         ("not exactly once in the database", f"{a.not_exactly_once_in_db}"),
         ("sent but not accepted / accepted but not sent",
          f"{a.sent_not_accepted} / {a.accepted_not_sent}"),
-        ("dead letters", f"{a.dead_letters} ({', '.join(f'{k} {v}' for k, v in a.dead_reasons.items()) or 'none'}); "
+        ("dead letters", f"{a.dead_letters} ({reasons or 'none'}); "
                          f"unexplained {a.dead_unexplained}, injected rejects not dead "
                          f"{a.rejects_not_dead}"),
         ("duration", f"{report.duration_s:.0f} s (settled: {report.settled})"),
