@@ -18,7 +18,7 @@ def serve(
                                       help="Port to listen on.")] = 8080,
     lanes: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANES", show_envvar=True,
-        help="Configured lane shares, as for the worker [default: interactive=70,bulk=30]; "
+        help="Configured lane shares, as for the worker (default: interactive=70,bulk=30); "
              "only the names matter here.")] = None,
     max_body: Annotated[int, typer.Option(
         envvar="POSTLANE_MAX_BODY", show_envvar=True,
