@@ -50,6 +50,10 @@ original answer; the same key with a different body is refused with 422.
 """
 
 
+DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+UPLOAD_PREFIX = "/v1/imports/"
+
+
 class BodyTooLarge(HTTPException):
     """Raised while a body is read; an HTTPException so that FastAPI's body parsing lets it
     through (it turns other errors into a vague 400)."""
@@ -63,17 +67,27 @@ class BodyLimit:
     """Refuse request bodies over ``max_bytes`` with 413, by Content-Length when declared and
     by counting otherwise (chunked uploads)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_upload_bytes = max_upload_bytes
+
+    def limit_for(self, scope: Scope) -> int:
+        """CSV uploads that start an import may be large; everything else is small."""
+        if scope.get("method") == "POST" and str(scope.get("path", "")).startswith(
+                UPLOAD_PREFIX):
+            return self.max_upload_bytes
+        return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope)
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(scope, receive, send, int(declared))
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, int(declared), limit)
             return
         seen = 0
         started = False
@@ -83,8 +97,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(seen, self.max_bytes)
+                if seen > limit:
+                    raise BodyTooLarge(seen, limit)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -97,11 +111,12 @@ class BodyLimit:
         except BodyTooLarge:
             if started:  # pragma: no cover - every route reads its body before answering
                 raise
-            await self._refuse(scope, receive, send, seen)
+            await self._refuse(scope, receive, send, seen, limit)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: int,
+                      limit: int) -> None:
         response = problems.body_too_large(
-            f"the request body is {size} bytes; the limit is {self.max_bytes} bytes")
+            f"the request body is {size} bytes; the limit is {limit} bytes")
         await response(scope, receive, send)
 
 

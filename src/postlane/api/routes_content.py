@@ -1,24 +1,28 @@
 """``/v1/templates`` and ``/v1/imports``: thin shells over ``postlane.templates`` and
 ``postlane.imports``.
 
-Imports are run from the command line against a file (``postlane import``); the API shows
-their runs and counters and pauses or resumes them.
+An import runs from the command line against a file (``postlane import``) or from a CSV
+uploaded to ``POST /v1/imports/{id}``: the same ``postlane.imports.import_csv`` either way.
+The API also shows import runs and their counters, and pauses or resumes them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import tempfile
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response
+from fastapi import APIRouter, Depends, File, Path, Query, Response, UploadFile
 from pydantic import BaseModel, Field
 
 from postlane.api.models import Strict, Text
 from postlane.api.problems import ProblemError, not_found, problem_responses
 from postlane.api.routes import Operator, Reader, StoreDep, known_query_only
 from postlane.api.state import actor
-from postlane.errors import UnknownTemplate
-from postlane.imports import ImportStatus, import_status
+from postlane.errors import ImportRejected, UnknownTemplate
+from postlane.imports import ImportStatus, import_csv, import_status
 from postlane.imports import pause as pause_import
 from postlane.imports import resume as resume_import
 from postlane.store.base import TemplateVersion
@@ -236,3 +240,57 @@ async def post_resume_import(import_id: ImportId, store: StoreDep,
     """Scope: `operate`."""
     await resume_import(store, import_id)
     return ImportControlOut(import_id=import_id, paused=False)
+
+
+class ImportProblem(BaseModel):
+    line: int
+    reason: str
+
+
+class ImportRunOut(BaseModel):
+    import_id: str
+    template: str
+    template_version: int
+    file: str
+    rows_read: int
+    rows_enqueued: int = Field(description="Rows written, or found already written by an "
+                                           "earlier run of the same import.")
+    rows_created: int
+    rows_skipped: int
+    problems: list[ImportProblem] = Field(description="The first skipped rows and why.")
+    elapsed_s: float
+
+
+@router.post("/imports/{import_id}", status_code=201, response_model=ImportRunOut,
+             tags=["imports"], summary="Run an import from an uploaded CSV",
+             responses=problem_responses(401, 403, 404, 413, 422))
+async def post_import(
+    import_id: ImportId, store: StoreDep, _key: Operator,
+    file: Annotated[UploadFile, File(description="CSV with a header: user_id, email, and "
+                                                 "the template's variables.")],
+    template: Annotated[str, Query(min_length=1, max_length=100,
+                                   pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")],
+    strict: Annotated[bool, Query(description="Refuse the whole file if any row is bad "
+                                              "(nothing is written).")] = False,
+) -> ImportRunOut:
+    """One delivery per valid row into the bulk lane, keyed
+    `<template>:<user_id>:<import_id>`: uploading the same file again (or the rest of it
+    after a failure) creates nothing twice. The upload is spooled to a temporary file and
+    streamed from there. Scope: `operate`."""
+    with tempfile.NamedTemporaryFile(suffix=".csv", prefix="postlane-import-") as spool:
+        await asyncio.to_thread(shutil.copyfileobj, file.file, spool, 1024 * 1024)
+        spool.flush()
+        try:
+            report = await import_csv(store, spool.name, template=template,
+                                      import_id=import_id, strict=strict)
+        except ImportRejected as exc:
+            problems = exc.problems
+            detail = str(exc)
+            if problems:
+                detail += "; " + "; ".join(f"line {line}: {why}" for line, why in problems[:20])
+            raise ProblemError(422, "import-rejected", "Import refused", detail) from None
+        except UnknownTemplate as exc:
+            raise not_found(str(exc)) from None
+    data = report.as_json()
+    data["file"] = file.filename or data["file"]
+    return ImportRunOut(**data)
