@@ -46,3 +46,12 @@ async def test_refusals_are_problems(api: Api) -> None:
         "/v1/imports/s4", headers=api.auth("read"), params={"template": "welcome"},
         files={"file": ("u.csv", ROWS.encode(), "text/csv")})
     problem(unauthorised, 403)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b"", b"user_id,email\n\x00,\x00\n"])
+async def test_garbage_uploads_are_refused_not_crashed(api: Api, content: bytes) -> None:
+    await add_template(api.store, "welcome", subject="Hi", text="Hello")
+    response = await api.client.post(
+        "/v1/imports/g", headers=api.auth("operate"), params={"template": "welcome"},
+        files={"file": ("u.csv", content, "text/csv")})
+    assert response.status_code in (201, 422), response.text
