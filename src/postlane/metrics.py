@@ -62,7 +62,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -70,12 +69,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
 from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.states import DeadReason, State
-from postlane.store.base import Control, Stats, Store
-from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
+from postlane.status import FleetStatus, fleet_status
+from postlane.store.base import Store
 
 if TYPE_CHECKING:
     from postlane.core.policy import Decision
@@ -98,49 +96,6 @@ ENQUEUE_TO_SEND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0
 
 
 # -- the fleet's state, as ``postlane status`` shows it ----------------------------------
-@dataclass(frozen=True, slots=True)
-class FleetStatus:
-    """One reading of the store: the four numbers plus pauses and breakers."""
-
-    stats: Stats
-    controls: dict[str, Control]
-    taken_at: float
-    """Unix time of the reading."""
-    query_s: float
-    """How long the queries took."""
-
-    @property
-    def paused_lanes(self) -> list[str]:
-        return sorted(n.removeprefix(LANE_PAUSE) for n in self.controls
-                      if n.startswith(LANE_PAUSE))
-
-    @property
-    def paused_imports(self) -> list[str]:
-        return sorted(n.removeprefix(IMPORT_PAUSE) for n in self.controls
-                      if n.startswith(IMPORT_PAUSE))
-
-    @property
-    def breakers(self) -> dict[str, dict[str, Any]]:
-        return {n.removeprefix(BREAKER_PREFIX): c.value for n, c in self.controls.items()
-                if n.startswith(BREAKER_PREFIX)}
-
-    def as_json(self) -> dict[str, Any]:
-        """Exactly what ``postlane status --json`` prints."""
-        data = self.stats.as_json()
-        data["paused_lanes"] = self.paused_lanes
-        data["paused_imports"] = self.paused_imports
-        data["breakers"] = self.breakers
-        return data
-
-
-async def fleet_status(store: Store) -> FleetStatus:
-    """Read the four numbers and the controls (five queries; see the module docstring)."""
-    started = time.perf_counter()
-    stats = await store.stats()
-    controls = await store.get_controls()
-    return FleetStatus(stats, controls, time.time(), time.perf_counter() - started)
-
-
 class FleetSampler:
     """Readings of the store kept in memory: the latest one (shared by the metrics scrape
     and the dashboard) and, per lane, depth and oldest age over the last ``window_s``."""

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from postlane.metrics import FleetStatus, WorkerMetrics, store_metrics
+from postlane.metrics import WorkerMetrics, store_metrics
 from postlane.providers.testing import RecordingProvider
+from postlane.status import FleetStatus
 from postlane.store import open_store
 from postlane.store.base import Control, LaneStats, Stats
 from postlane.worker import Worker

@@ -15,13 +15,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
 from postlane.core.durations import parse_duration
 from postlane.core.message import Delivery, Message
 from postlane.errors import PostlaneError
+from postlane.status import fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url, open_store
 from postlane.store.migrations import ensure_migrated
-from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
 T = TypeVar("T")
 
@@ -169,15 +168,7 @@ def status(
     """The four numbers: depth and oldest age per lane, states, attempts, dead letters."""
 
     async def _stats(store: Store) -> dict[str, Any]:
-        stats = (await store.stats()).as_json()
-        controls = await store.get_controls()
-        stats["paused_lanes"] = sorted(n.removeprefix(LANE_PAUSE) for n in controls
-                                       if n.startswith(LANE_PAUSE))
-        stats["paused_imports"] = sorted(n.removeprefix(IMPORT_PAUSE) for n in controls
-                                         if n.startswith(IMPORT_PAUSE))
-        stats["breakers"] = {n.removeprefix(BREAKER_PREFIX): c.value for n, c in controls.items()
-                             if n.startswith(BREAKER_PREFIX)}
-        return stats
+        return (await fleet_status(store)).as_json()
 
     stats = run_with_store(ctx, _stats)
     if as_json:

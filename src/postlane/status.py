@@ -1,0 +1,58 @@
+"""The fleet's status in one reading: the four numbers, pauses and breakers.
+
+``postlane status``, ``GET /v1/status``, the dashboard and the metrics scrape all show this
+one object, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
+from postlane.store.base import Control, Stats, Store
+from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatus:
+    """One reading of the store: the four numbers plus pauses and breakers."""
+
+    stats: Stats
+    controls: dict[str, Control]
+    taken_at: float
+    """Unix time of the reading."""
+    query_s: float
+    """How long the queries took."""
+
+    @property
+    def paused_lanes(self) -> list[str]:
+        return sorted(n.removeprefix(LANE_PAUSE) for n in self.controls
+                      if n.startswith(LANE_PAUSE))
+
+    @property
+    def paused_imports(self) -> list[str]:
+        return sorted(n.removeprefix(IMPORT_PAUSE) for n in self.controls
+                      if n.startswith(IMPORT_PAUSE))
+
+    @property
+    def breakers(self) -> dict[str, dict[str, Any]]:
+        return {n.removeprefix(BREAKER_PREFIX): c.value for n, c in self.controls.items()
+                if n.startswith(BREAKER_PREFIX)}
+
+    def as_json(self) -> dict[str, Any]:
+        """Exactly what ``postlane status --json`` prints."""
+        data = self.stats.as_json()
+        data["paused_lanes"] = self.paused_lanes
+        data["paused_imports"] = self.paused_imports
+        data["breakers"] = self.breakers
+        return data
+
+
+async def fleet_status(store: Store) -> FleetStatus:
+    """Read the four numbers and the controls (five queries; see the module docstring)."""
+    started = time.perf_counter()
+    stats = await store.stats()
+    controls = await store.get_controls()
+    return FleetStatus(stats, controls, time.time(), time.perf_counter() - started)
