@@ -34,20 +34,39 @@ def sandbox(
     retry_after: Annotated[float, typer.Option(
         help="Retry-After of a random 429, in seconds.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Random seed, for repeatable runs.")] = None,
+    webhook_url: Annotated[str | None, typer.Option(
+        help="Post delivery events here, e.g. http://127.0.0.1:8080/v1/webhooks/sandbox.")
+    ] = None,
+    webhook_secret: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_WEBHOOK_SECRET_SANDBOX", show_envvar=True,
+        help="Standard Webhooks secret (whsec_...) the events are signed with.")] = None,
+    bounce: Annotated[str | None, typer.Option(
+        help="Regular expression: matching recipients are accepted, then hard-bounce.")
+    ] = None,
+    complain: Annotated[str | None, typer.Option(
+        help="Regular expression: matching recipients are accepted, then complain.")] = None,
 ) -> None:
     """Serve the sandbox provider over HTTP (use it as sandbox+http://HOST:PORT)."""
     from postlane.providers.sandbox import SandboxConfig
+    from postlane.providers.sandbox_events import SandboxEvents
     from postlane.providers.sandbox_server import bind, serve
 
     for name, value in (("--error-rate", error_rate), ("--throttle-rate", throttle_rate),
                         ("--timeout-rate", timeout_rate)):
         if not 0 <= value <= 1:
             raise typer.BadParameter("must be between 0 and 1", param_hint=name)
-    if reject is not None:
-        try:
-            re.compile(reject)
-        except re.error as exc:
-            raise typer.BadParameter(str(exc), param_hint="--reject") from None
+    for name, pattern in (("--reject", reject), ("--bounce", bounce), ("--complain", complain)):
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise typer.BadParameter(str(exc), param_hint=name) from None
+    events = None
+    if webhook_url:
+        if not webhook_secret:
+            raise typer.BadParameter("--webhook-url needs --webhook-secret (whsec_...)",
+                                     param_hint="--webhook-secret")
+        events = SandboxEvents(secret=webhook_secret, bounce=bounce, complain=complain)
     config = SandboxConfig(
         rate=rate, error_rate=error_rate, throttle_rate=throttle_rate,
         timeout_rate=timeout_rate, timeout_delay_s=timeout_delay, reject=reject,
@@ -66,7 +85,8 @@ def sandbox(
                       highlight=False, soft_wrap=True)
         console.file.flush()
 
-    engine = asyncio.run(serve(config, sock, on_ready=ready))
+    engine = asyncio.run(serve(config, sock, on_ready=ready, events=events,
+                               webhook_url=webhook_url))
     stats = engine.stats
     console.print(f"sandbox stopped: {stats.accepted} accepted, "
                   f"{stats.duplicates_suppressed} duplicates suppressed, "

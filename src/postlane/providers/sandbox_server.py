@@ -8,6 +8,9 @@
     GET  /v1/messages/{key}    200 {id, key} if the key was accepted, else 404.
     GET  /sandbox/stats        the engine's counters, ``accepted_keys`` and ``by_second``.
 
+With a webhook URL it also posts delivery events (delivered, bounced, complained), signed
+with Standard Webhooks, to ``POST /v1/webhooks/sandbox`` of ``postlane serve``.
+
 Retry-After is sent in seconds with up to three decimals (the rate limit's window ends
 within the second); ``postlane.core.policy.parse_retry_after`` reads both that and dates.
 """
@@ -15,7 +18,9 @@ within the second); ``postlane.core.policy.parse_retry_after`` reads both that a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import signal
 import socket
 import threading
@@ -28,6 +33,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from postlane.providers.sandbox import SandboxConfig, SandboxEngine
+from postlane.providers.sandbox_events import SandboxEvents, http_sender
+
+log = logging.getLogger("postlane.sandbox")
 
 
 def create_app(engine: SandboxEngine) -> FastAPI:
@@ -98,9 +106,17 @@ def listen_url(sock: socket.socket) -> str:
 
 
 async def serve(config: SandboxConfig, sock: socket.socket, *,
-                on_ready: Callable[[str], None] | None = None) -> SandboxEngine:
-    """Serve until SIGINT/SIGTERM; returns the engine (its stats) when stopped."""
+                on_ready: Callable[[str], None] | None = None,
+                events: SandboxEvents | None = None,
+                webhook_url: str | None = None) -> SandboxEngine:
+    """Serve until SIGINT/SIGTERM; returns the engine (its stats) when stopped. With
+    ``events`` and ``webhook_url``, delivery events are posted there, signed, every half
+    second (as a real provider posts them a little after accepting)."""
     engine = SandboxEngine(config)
+    poster: asyncio.Task[None] | None = None
+    if events is not None and webhook_url:
+        events.attach(engine)
+        poster = asyncio.create_task(_post_events(events, webhook_url))
     server = uvicorn.Server(uvicorn.Config(
         create_app(engine), log_level="warning", access_log=False, lifespan="off",
         timeout_graceful_shutdown=1, timeout_keep_alive=30,
@@ -117,7 +133,21 @@ async def serve(config: SandboxConfig, sock: socket.socket, *,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if poster is not None:
+            poster.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poster
     return engine
+
+
+async def _post_events(events: SandboxEvents, url: str) -> None:
+    send = http_sender(url)
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            await events.flush(send)
+        except Exception as exc:  # the receiver is down: a real provider retries later too
+            log.warning("sandbox: posting delivery events to %s failed: %s", url, exc)
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:
