@@ -394,6 +394,16 @@ def test_sql_in_the_docs_runs_on_postgresql(fresh_pg_url: str) -> None:
 
 
 # -- the site ------------------------------------------------------------------------------
+def test_no_fenced_code_inside_lists() -> None:
+    """Python-Markdown's fenced code works only at the top level: an indented fence (in a
+    list item or an admonition) renders as inline code, silently."""
+    indented = [f"{page.relative_to(ROOT)}:{number}"
+                for page in doc_pages()
+                for number, line in enumerate(page.read_text("utf-8").split("\n"), 1)
+                if re.match(r"^ +(```|~~~)", line)]
+    assert not indented, f"fenced code indented (it would render as inline code): {indented}"
+
+
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict",
