@@ -244,6 +244,10 @@ def _register() -> None:
     app.command()(worker_cli.resume)
     app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)
     app.command()(dlq_cli.timeline)
+    from postlane.cli import operate as operate_cli
+
+    app.command()(operate_cli.cancel)
+    app.command()(operate_cli.resolve)
     app.add_typer(dlq_cli.dlq, name="dlq")
     __import__("postlane.cli.templates", fromlist=["register"]).register(app)
     __import__("postlane.cli.imports", fromlist=["register"]).register(app)

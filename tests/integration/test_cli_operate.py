@@ -1,0 +1,61 @@
+"""`postlane cancel` and `postlane resolve` on a real SQLite file, through the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from postlane import Message, State, open_store
+from postlane.cli.main import app
+from postlane.store.base import Claim, Transition
+
+runner = CliRunner()
+
+
+async def prepare(url: str) -> None:
+    async with open_store(url) as store:
+        await store.migrate()
+        for key in ("a", "b", "c", "d"):
+            await store.enqueue(Message(key=key, to=f"{key}@example.com", text="t"))
+        claimed = await store.claim_batch("interactive", 3, "w", timedelta(seconds=30))
+        await store.start_attempts("w", [Claim(d.id, d.claims) for d in claimed])
+        await store.set_state_if_sending_many("w", [
+            Transition(d.id, d.claims, State.AMBIGUOUS, "ambiguous",
+                       detail={"outcome": "ambiguous"}) for d in claimed])
+
+
+async def states(url: str) -> dict[str, tuple[str, str | None]]:
+    async with open_store(url) as store:
+        found = {}
+        for key in ("a", "b", "c", "d"):
+            d = await store.get(key)
+            assert d is not None
+            found[key] = (str(d.state), d.dead_reason)
+        return found
+
+
+def cli(url: str, *args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["--db", url, *args])
+    return result.exit_code, result.output
+
+
+def test_resolve_and_cancel(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    asyncio.run(prepare(url))
+    assert cli(url, "resolve", "1", "--as", "sent", "--provider-message-id", "p-1")[0] == 0
+    assert cli(url, "resolve", "2", "--as", "resend")[0] == 0
+    assert cli(url, "resolve", "3", "--as", "dead", "--note", "checked: not sent")[0] == 0
+    code, out = cli(url, "resolve", "1", "--as", "dead")
+    assert code == 1 and "not ambiguous" in out
+    assert cli(url, "cancel", "4", "--reason", "user deleted")[0] == 0
+    code, out = cli(url, "cancel", "1")
+    assert code == 1 and "nothing cancelled" in out
+    assert asyncio.run(states(url)) == {
+        "a": ("sent", None), "b": ("pending", None),
+        "c": ("dead", "ambiguous_unresolved"), "d": ("cancelled", None),
+    }
+    code, out = cli(url, "dlq", "list", "--json")
+    assert code == 0 and '"reason": "ambiguous_unresolved"' in out
