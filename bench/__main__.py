@@ -31,6 +31,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -42,7 +43,6 @@ from bench import _harness as h
 from bench._common import (
     RESULTS,
     ROOT,
-    command_line,
     machine_info,
     pg_admin_url,
     write_section,
@@ -97,6 +97,34 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def stamp() -> str:
+    return f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
+
+
+def _previous_rows(run_section: str) -> dict[str, str]:
+    """The provenance table of the previous run section: section -> what happened to it."""
+    started = re.search(r"Started (\S+ \S+ UTC)", run_section)
+    rows = {}
+    for name, text in re.findall(r"^\| (\w+) \| (.*) \|$", run_section, re.M):
+        if name == "section":
+            continue
+        when = started.group(1) if started else "earlier"
+        if text.startswith("measured ("):
+            text = f"measured {when} {text.removeprefix('measured ')}"
+        elif text.startswith("`python"):
+            text = f"measured {when} by {text}"
+        rows[name] = text
+    return rows
+
+
+def _kept(previous: str | None) -> str:
+    if not previous:
+        return "kept from an earlier run (verbatim)"
+    if previous.startswith("kept"):
+        return previous
+    return f"kept (verbatim) from an earlier run: {previous}"
+
+
 def run_section(command: list[str], timeout: float) -> tuple[bool, str]:
     """Run another author's benchmark module as it is (it writes its own section)."""
     started = time.monotonic()
@@ -119,7 +147,7 @@ def main() -> int:
     unknown = set(wanted) - set(ORDER[1:])
     if unknown:
         p.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    command = command_line()
+    command = shlex.join(["python", "-m", "bench", *sys.argv[1:]])
     started = dt.datetime.now(dt.UTC)
     load_before = _loadavg()
     print(f"bench: {', '.join(wanted)}{' (quick)' if a.quick else ''}", flush=True)
@@ -134,7 +162,7 @@ def main() -> int:
             outcomes[name] = f"**failed** after {time.monotonic() - t0:.0f} s (section kept)"
             return
         write_section(name, body)
-        outcomes[name] = f"measured ({time.monotonic() - t0:.0f} s)"
+        outcomes[name] = f"measured {stamp()} ({time.monotonic() - t0:.0f} s)"
         print(f"bench: {name} done in {time.monotonic() - t0:.0f} s", flush=True)
 
     for name in wanted:
@@ -165,8 +193,9 @@ def main() -> int:
         elif name == "store":
             args = ["-m", "bench.store_bench"] + (["--rows", "20000"] if a.quick else [])
             ok, how = run_section(args, 1800)
-            outcomes[name] = (f"`python {' '.join(args)}` ({how})" if ok
-                              else f"**failed**: `python {' '.join(args)}` ({how}); section kept")
+            outcomes[name] = (f"measured {stamp()} by `python {' '.join(args)}` ({how})" if ok
+                              else f"**failed** {stamp()}: `python {' '.join(args)}` ({how}); "
+                                   "section kept")
         elif name == "import":
             if not (ROOT / "bench" / "import_bench.py").exists():
                 outcomes[name] = "bench/import_bench.py absent: section kept"
@@ -174,13 +203,15 @@ def main() -> int:
             args = ["-m", "bench.import_bench"] + (
                 ["--rows", "50000", "--budget", "30"] if a.quick else ["--budget", "90"])
             ok, how = run_section(args, 1800)
-            outcomes[name] = (f"`python {' '.join(args)}` ({how})" if ok
-                              else f"**failed**: `python {' '.join(args)}` ({how}); section kept")
+            outcomes[name] = (f"measured {stamp()} by `python {' '.join(args)}` ({how})" if ok
+                              else f"**failed** {stamp()}: `python {' '.join(args)}` ({how}); "
+                                   "section kept")
 
     info = machine_info(pg_admin_url())
     versions = _versions()
     existing = _sections(RESULTS.read_text("utf-8")) if RESULTS.exists() else {}
     kept = [k for k in existing if k not in outcomes and k != "run"]
+    before = _previous_rows(existing.get("run", ""))
     finished = dt.datetime.now(dt.UTC)
     lines = [
         "## This run",
@@ -198,7 +229,7 @@ def main() -> int:
         "| section | in this run |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in outcomes.items()),
-        *(f"| {k} | kept from an earlier run (verbatim) |" for k in kept),
+        *(f"| {k} | {_kept(before.get(k))} |" for k in kept),
     ]
     write_section("run", "\n".join(lines))
     reassemble()
