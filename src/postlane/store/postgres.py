@@ -210,7 +210,9 @@ WITH t AS (
         updated_at = now()
     FROM t
     WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
-    RETURNING d.id, d.state, d.last_error, to_jsonb(d.*) AS snapshot, t.event, t.detail, t.reason
+    RETURNING d.id, d.state, d.last_error, t.event, t.detail, t.reason,
+              -- the full row only where a dead letter needs it: building it is not free
+              CASE WHEN t.state IN ('dead', 'expired') THEN to_jsonb(d.*) END AS snapshot
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state, data)
     SELECT id, event, state, detail FROM u
