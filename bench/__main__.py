@@ -98,7 +98,12 @@ def _versions() -> dict[str, str]:
 
 
 def stamp() -> str:
-    return f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC"
+    """When, on which postlane, how busy: for a section's row of the run table."""
+    from bench._common import postlane_commit
+
+    commit = postlane_commit().split(" ")[0]
+    load = _loadavg().split(" / ")[0]
+    return f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on postlane {commit}, load {load}"
 
 
 def _previous_rows(run_section: str) -> dict[str, str]:

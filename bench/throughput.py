@@ -170,7 +170,8 @@ def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
         "Postlane", backend,
         f"{procs} × `postlane worker --provider noop:// --drain"
         + (f" {' '.join(extra)}`" if extra else "` (defaults: concurrency 100, batch 100)"),
-        jobs, enqueue_s, "`Store.enqueue_many`, 5,000 per call (COPY on PostgreSQL)",
+        jobs, enqueue_s, "`Store.enqueue_many`, 5,000 per call"
+        + (" (COPY into a staging table)" if backend == "PostgreSQL" else ""),
         float(last) - float(first), float(last) - launched, ok, note,
         int(sent) if capped else None)
 
@@ -382,7 +383,8 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
         "How each was measured:",
         "",
         "- *enqueue*: the system's bulk API as listed: "
-        + "; ".join(f"{r.system} ({r.backend}): {r.enqueue_how}" for r in results if r.ok)
+        + "; ".join(dict.fromkeys(f"{r.system} ({r.backend}): {r.enqueue_how}"
+                                  for r in results if r.ok))
         + ".",
         "- *drain*: first job taken to last job done. Postlane: database times, first "
         "`claimed` event to the last `finished_at` (the outcome is written). Peers: their "
