@@ -202,12 +202,15 @@ def machine_info(pg_url: str | None = None) -> MachineInfo:
 
 
 def command_line() -> str:
-    """The command that is running, as one would type it from the repository root."""
+    """The command that is running, as one would type it from the repository root
+    (with ``PYTHONPATH`` when set, e.g. to measure an exported commit)."""
+    env = f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if os.environ.get(
+        "PYTHONPATH") else ""
     module = Path(sys.argv[0]).resolve()
     with contextlib.suppress(ValueError):
         rel = module.relative_to(ROOT).with_suffix("")
-        return shlex.join(["python", "-m", ".".join(rel.parts), *sys.argv[1:]])
-    return shlex.join([sys.executable, *sys.argv])
+        return env + shlex.join(["python", "-m", ".".join(rel.parts), *sys.argv[1:]])
+    return env + shlex.join([sys.executable, *sys.argv])
 
 
 def write_section(key: str, body: str, path: Path = RESULTS) -> None:

@@ -51,6 +51,7 @@ import psycopg
 from psycopg import sql
 
 from bench._common import (
+    RESULTS,
     Meter,
     Timer,
     command_line,
@@ -226,7 +227,7 @@ class PostgresEngine(Engine):
             if exists and exists[0]:
                 await conn.execute(
                     "TRUNCATE postlane_deliveries, postlane_events, postlane_dead_letters "
-                    "RESTART IDENTITY")
+                    "RESTART IDENTITY CASCADE")
 
     async def settle(self) -> None:
         await pg_settle(self.url, ["postlane_deliveries", "postlane_events"])
@@ -676,6 +677,22 @@ async def run(args: argparse.Namespace) -> Results:
     return results
 
 
+ANALYSIS_BEGIN = "<!-- store analysis: hand-written, kept when the figures are regenerated -->"
+ANALYSIS_END = "<!-- /store analysis -->"
+
+
+def kept_analysis() -> str:
+    """The hand-written profile notes inside the current ``store`` section, if any, so that
+    regenerating the figures does not drop them (they carry their own date and commit)."""
+    if not RESULTS.exists():
+        return ""
+    text = RESULTS.read_text("utf-8")
+    begin, end = text.find(ANALYSIS_BEGIN), text.find(ANALYSIS_END)
+    if begin < 0 or end < begin:
+        return ""
+    return "\n\n" + text[begin:end + len(ANALYSIS_END)]
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -695,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(text)
     if not args.no_write:
-        write_section("store", text)
+        write_section("store", text + kept_analysis())
         print("\nwritten to bench/RESULTS.md (section `store`)")
 
 
