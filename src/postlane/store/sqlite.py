@@ -660,18 +660,24 @@ class SQLiteStore(Store):
             total = 0
             while True:
                 with self._write() as conn:
-                    cur = conn.execute(
-                        f"""DELETE FROM postlane_deliveries WHERE id IN (
-                            SELECT id FROM postlane_deliveries
+                    ids = [r[0] for r in conn.execute(
+                        f"""SELECT id FROM postlane_deliveries
                             WHERE finished_at IS NOT NULL AND (
                                 (state IN ('sent', 'expired', 'cancelled', 'suppressed')
                                     AND finished_at < {NOW} - ?)
                                 OR (state = 'dead' AND finished_at < {NOW} - ?))
-                            LIMIT 5000)""",
+                            LIMIT 5000""",
                         (finished_before.total_seconds(), dead_before.total_seconds()),
-                    )
-                total += cur.rowcount
-                if cur.rowcount < 5000:
+                    )]
+                    batch = json.dumps(ids)
+                    # The timeline has no foreign key (checked on every event insert);
+                    # a delivery and its events go together here.
+                    conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                    conn.execute("DELETE FROM postlane_deliveries WHERE id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                total += len(ids)
+                if len(ids) < 5000:
                     return total
         return await self._run(_prune)
 

@@ -33,7 +33,9 @@ CREATE TABLE postlane_deliveries (
     finished_at         TIMESTAMPTZ,
     CONSTRAINT postlane_deliveries_key UNIQUE (idempotency_key),
     CONSTRAINT postlane_deliveries_lease CHECK ((state = 'sending') = (lease_owner IS NOT NULL))
-);
+)
+-- Room on each page for in-place (HOT) updates of the attempt and lease marks.
+WITH (fillfactor = 70);
 
 -- The claim path touches only ready rows of one lane, oldest first.
 CREATE INDEX postlane_deliveries_ready ON postlane_deliveries (lane, run_at, id)
@@ -51,7 +53,7 @@ CREATE INDEX postlane_deliveries_provider_id ON postlane_deliveries (provider_me
 
 CREATE TABLE postlane_events (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    delivery_id BIGINT NOT NULL REFERENCES postlane_deliveries (id) ON DELETE CASCADE,
+    delivery_id BIGINT NOT NULL,  -- no foreign key: checked on every insert; prune deletes
     at          TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
     kind        TEXT NOT NULL,
     state       TEXT,

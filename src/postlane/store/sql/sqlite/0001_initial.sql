@@ -49,7 +49,7 @@ CREATE INDEX postlane_deliveries_provider_id ON postlane_deliveries (provider_me
 
 CREATE TABLE postlane_events (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    delivery_id INTEGER NOT NULL REFERENCES postlane_deliveries (id) ON DELETE CASCADE,
+    delivery_id INTEGER NOT NULL,  -- no foreign key: checked on every insert; prune deletes
     at          REAL NOT NULL,
     kind        TEXT NOT NULL,
     state       TEXT,
