@@ -59,6 +59,17 @@ class SandboxHttpProvider(HttpApiProvider):
     def account(self) -> str:
         return self._account or f"sandbox:{httpx.URL(self.base_url).netloc.decode()}"
 
+    async def check(self) -> str | None:
+        """No-send probe for ``postlane check``: the sandbox answers its stats page."""
+        assert self._client is not None, "provider not opened"
+        try:
+            response = await self._client.get(f"{self.base_url}/sandbox/stats")
+        except httpx.HTTPError as exc:
+            return f"cannot reach the sandbox: {type(exc).__name__}: {exc}"
+        if response.status_code != 200:
+            return f"the sandbox answered {response.status_code} to GET /sandbox/stats"
+        return None
+
     def build_request(self, delivery: Delivery) -> httpx.Request:
         payload = generic_payload(delivery, self.default_sender or DEFAULT_SENDER)
         return self.client.build_request(

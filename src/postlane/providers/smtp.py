@@ -171,6 +171,23 @@ class SMTPProvider(Provider):
         for conn in idle:
             await _quit(conn.client)
 
+    async def check(self) -> str | None:
+        """No-send probe for ``postlane check``: connect, TLS and log in as a send would,
+        then NOOP. None when the server accepted all of it, else what went wrong."""
+        try:
+            conn = await self._checkout()
+        except SMTPAuthenticationError as exc:
+            return f"login refused: {_describe(exc)}"
+        except (SMTPException, OSError) as exc:
+            return f"cannot connect: {_describe(exc)}"
+        try:
+            await conn.client.noop()
+        except (SMTPException, OSError) as exc:
+            _abort(conn.client)
+            return f"the server did not answer NOOP: {_describe(exc)}"
+        await _quit(conn.client)
+        return None
+
     # -- sending ---------------------------------------------------------------------------
     async def send(self, delivery: Delivery) -> Outcome:
         try:
