@@ -120,7 +120,7 @@ def measure(bulk: int, interactive: int, every_s: float) -> list[LaneRun]:
         print(f"bench lanes: lanes, {bulk:,} bulk + {interactive} interactive...", flush=True)
         runs.append(one_run(work, "lanes", "interactive=70,bulk=30", "interactive", bulk,
                             interactive, every_s))
-        print(f"bench lanes: single FIFO lane...", flush=True)
+        print("bench lanes: single FIFO lane...", flush=True)
         runs.append(one_run(work, "fifo", "bulk=100", "bulk", bulk, interactive, every_s))
     return runs
 
@@ -152,8 +152,8 @@ def markdown(runs: list[LaneRun], command: str) -> str:
         f"`postlane worker --provider noop:// --rate {RATE:g}/s` (in-process limiter, default "
         "headroom 2 %, concurrency 100), then one interactive message every ~0.5 s "
         "(`postlane.enqueue`, one transaction each). Latency = `sent_at - created_at` on the "
-        "database clock. The run stops after the interactive messages (it does not drain the "
-        "burst).",
+        "database clock (p99 of a few dozen samples is their maximum). The run stops after the "
+        "interactive messages (it does not drain the burst).",
         "",
         "| configuration | interactive sent | p50 | p99 | max | not sent when the run stopped "
         "| bulk send rate |",

@@ -10,9 +10,8 @@ import os
 import sys
 import time
 
-from celery import Celery
-
 import _peerstats
+from celery import Celery
 
 QUEUE = os.environ.get("BENCH_QUEUE", "postlane-bench")
 app = Celery("celery_peer", broker=os.environ["BENCH_REDIS_URL"])

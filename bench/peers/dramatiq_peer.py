@@ -10,10 +10,9 @@ import os
 import sys
 import time
 
+import _peerstats
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
-
-import _peerstats
 
 broker = RedisBroker(url=os.environ["BENCH_REDIS_URL"],
                      namespace=os.environ.get("BENCH_QUEUE", "postlane-bench"))

@@ -12,14 +12,13 @@ import asyncio
 import json
 import time
 
+import _peerstats
 import asyncpg
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 from pgqueuer.types import QueueExecutionMode
-
-import _peerstats
 
 
 async def install(dsn: str) -> None:

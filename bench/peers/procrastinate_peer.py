@@ -10,9 +10,8 @@ import json
 import logging
 import time
 
-import procrastinate
-
 import _peerstats
+import procrastinate
 
 
 def make_app(dsn: str) -> procrastinate.App:
