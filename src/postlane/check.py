@@ -99,7 +99,7 @@ class CheckSettings:
     """``interactive=15m,bulk=24h``: the usefulness window of each lane's messages, when it
     differs from the lane's default expiry."""
     headroom: float = 0.02
-    concurrency: int = 100
+    concurrency: int = 200
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     timeout_s: float = DEFAULT_TIMEOUT_S
     provider_timeout_s: float = PROVIDER_TIMEOUT_S

@@ -35,7 +35,7 @@ def check(
         help="redis://host:6379/0: the shared limiter to reach.")] = None,
     concurrency: Annotated[int, typer.Option(
         envvar="POSTLANE_CONCURRENCY", show_envvar=True,
-        help="Sends in flight per worker, shared by the lanes.")] = 100,
+        help="Sends in flight per worker, shared by the lanes.")] = 200,
     lanes: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANES", show_envvar=True,
         help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,

@@ -57,7 +57,8 @@ def worker(
              "default: in-process.")] = None,
     concurrency: Annotated[int, typer.Option(
         envvar="POSTLANE_CONCURRENCY", show_envvar=True,
-        help="Sends in flight at once, shared by the lanes.")] = 100,
+        help="Sends in flight at once, shared by the lanes (twice the batch size keeps "
+             "the next claim going while a batch is sent).")] = 200,
     lanes: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANES", show_envvar=True,
         help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,

@@ -55,7 +55,7 @@ log = logging.getLogger("postlane.worker")
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    concurrency: int = 100
+    concurrency: int = 200
     lanes: tuple[LaneConfig, ...] = DEFAULT_LANES
     batch_size: int = 100
     lease: timedelta = timedelta(seconds=30)
