@@ -25,32 +25,18 @@ from conftest import msg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import RetryPolicy
-from postlane.core.states import State
 from postlane.providers.http import HttpApiProvider
 from postlane.providers.registry import open_provider
 from postlane.providers.sandbox_server import bind
 from postlane.store import Store
 from postlane.worker import Worker, WorkerConfig
+from tests.factories import delivery
 
 TOKEN = "tok-Secret-123"
 
 
-def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
-    now = dt.datetime.now(dt.UTC)
-    fields: dict[str, Any] = dict(
-        id=9, key=key, lane="interactive", channel="email", recipient="bob@example.com",
-        sender="app@example.org", subject="Reset your password", text="Follow the link.\n",
-        html=None, headers={}, metadata={}, import_id=None, template_id=None,
-        template_version=None, state=State.SENDING, attempts=0, claims=1, run_at=now,
-        expires_at=None, lease_owner="w", lease_expires_at=None, attempt_started_at=now,
-        provider_message_id=None, dead_reason=None, last_error=None, created_at=now,
-        updated_at=now, sent_at=None, finished_at=None,
-    )
-    fields.update(changes)
-    return Delivery(**fields)
 
 
 class FakeESP:

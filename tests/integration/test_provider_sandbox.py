@@ -4,7 +4,6 @@ subprocess taking a Worker's traffic with 5% accept-then-timeout."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 import signal
 import subprocess
@@ -23,33 +22,19 @@ from typer.testing import CliRunner
 
 from postlane.cli.main import app as cli
 from postlane.core.lanes import LaneConfig
-from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import RetryPolicy
-from postlane.core.states import State
 from postlane.providers.registry import open_provider
 from postlane.providers.sandbox import SandboxConfig, SandboxEngine
 from postlane.providers.sandbox_client import SandboxHttpProvider
 from postlane.providers.sandbox_server import bind, create_app
 from postlane.store import Store
 from postlane.worker import Worker, WorkerConfig
+from tests.factories import delivery
 
 POSTLANE_BIN = Path(sys.executable).with_name("postlane")
 
 
-def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
-    now = dt.datetime.now(dt.UTC)
-    fields: dict[str, Any] = dict(
-        id=3, key=key, lane="interactive", channel="email", recipient="bob@example.com",
-        sender="app@example.org", subject="Reset your password", text="Follow the link.\n",
-        html=None, headers={}, metadata={}, import_id=None, template_id=None,
-        template_version=None, state=State.SENDING, attempts=0, claims=1, run_at=now,
-        expires_at=None, lease_owner="w", lease_expires_at=None, attempt_started_at=now,
-        provider_message_id=None, dead_reason=None, last_error=None, created_at=now,
-        updated_at=now, sent_at=None, finished_at=None,
-    )
-    fields.update(changes)
-    return Delivery(**fields)
 
 
 class Clock:

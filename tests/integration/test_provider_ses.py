@@ -8,7 +8,6 @@ pauses an account and never sits on a request; a small stub in front of it does 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +25,6 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.server import ThreadedMotoServer
 from moto.ses.models import ses_backends
 
-from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import RetryPolicy
 from postlane.core.states import State
@@ -35,24 +33,12 @@ from postlane.providers.sandbox_server import bind
 from postlane.providers.ses import SESProvider
 from postlane.store import Store
 from postlane.worker import Worker, WorkerConfig
+from tests.factories import delivery
 
 REGION = "eu-west-1"
 SECRET = "moto-Secret-Key"
 
 
-def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
-    now = dt.datetime.now(dt.UTC)
-    fields: dict[str, Any] = dict(
-        id=7, key=key, lane="interactive", channel="email", recipient="bob@example.com",
-        sender="app@example.org", subject="Reset your password", text="Follow the link.\n",
-        html=None, headers={}, metadata={}, import_id=None, template_id=None,
-        template_version=None, state=State.SENDING, attempts=0, claims=1, run_at=now,
-        expires_at=None, lease_owner="w", lease_expires_at=None, attempt_started_at=now,
-        provider_message_id=None, dead_reason=None, last_error=None, created_at=now,
-        updated_at=now, sent_at=None, finished_at=None,
-    )
-    fields.update(changes)
-    return Delivery(**fields)
 
 
 @pytest.fixture(scope="module")
