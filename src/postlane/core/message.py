@@ -44,9 +44,11 @@ class Message:
 
     def content_size(self) -> int:
         """Bytes of rendered content, the figure the size limit applies to."""
-        parts = [self.subject, self.text or "", self.html or ""]
-        parts += [f"{k}: {v}" for k, v in self.headers.items()]
-        return sum(len(p.encode("utf-8")) for p in parts)
+        size = (len(self.subject.encode()) + len((self.text or "").encode())
+                + len((self.html or "").encode()))
+        for name, value in self.headers.items():
+            size += len(name.encode()) + 2 + len(value.encode())
+        return size
 
 
 @dataclass(frozen=True, slots=True)

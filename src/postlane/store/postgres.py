@@ -141,10 +141,14 @@ def message_params(message: Message) -> dict[str, Any]:
     }
 
 
+def _json(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value)) if value else "{}"
+
+
 def _staging_row(ord_: int, m: Message) -> tuple[Any, ...]:
     return (
         ord_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
-        json.dumps(dict(m.headers)), json.dumps(dict(m.metadata)), m.import_id, m.template_id,
+        _json(m.headers), _json(m.metadata), m.import_id, m.template_id,
         m.template_version, m.delay.total_seconds() if m.delay else 0.0, m.expires_at,
         m.expires_in.total_seconds() if m.expires_in else None,
     )
