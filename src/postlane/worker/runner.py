@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -81,6 +82,19 @@ Observer = Callable[[Delivery, Decision], None]
 carries ``outcome`` and ``duration_ms`` for sends)."""
 
 
+HELD_SECONDS = 2.0
+"""Under a rate limit a worker holds at most this many seconds of sends: claims beyond what
+the ceiling lets out soon would sit leased in one process while others stand idle."""
+
+
+def held_slots(config: WorkerConfig, limiter: RateLimiter | None) -> int:
+    """The send slots the lanes share: the concurrency, capped by the ceiling."""
+    if limiter is None:
+        return config.concurrency
+    by_rate = math.ceil(limiter.rate * HELD_SECONDS)
+    return min(config.concurrency, max(len(config.lanes), by_rate))
+
+
 def make_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -104,7 +118,7 @@ class Worker:
         self.rand = rand
         self.owner = owner or make_owner()
         self.lanes = {lane.name: lane for lane in config.lanes}
-        self.floors = slot_floors(config.lanes, config.concurrency)
+        self.floors = slot_floors(config.lanes, held_slots(config, limiter))
         caps = provider.capabilities
         self.traits = ProviderTraits(caps.deduplicates_by_key, caps.dedup_window,
                                      caps.can_lookup_by_key)
