@@ -32,28 +32,18 @@ from conftest import msg
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
-from postlane.core.states import State
 from postlane.providers.mime import message_id
 from postlane.providers.smtp import SMTPProvider
 from postlane.store import Store
 from postlane.worker import Worker, WorkerConfig
+from tests.factories import delivery as make_delivery
 
 SECRET = "sm7p-Pa55word"
 
 
 def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
-    now = dt.datetime.now(dt.UTC)
-    fields: dict[str, Any] = dict(
-        id=1, key=key, lane="interactive", channel="email", recipient="bob@example.com",
-        sender="alice@example.org", subject="Reset your password", text="Follow the link.\n",
-        html=None, headers={}, metadata={}, import_id=None, template_id=None,
-        template_version=None, state=State.SENDING, attempts=0, claims=1, run_at=now,
-        expires_at=None, lease_owner="w", lease_expires_at=None, attempt_started_at=now,
-        provider_message_id=None, dead_reason=None, last_error=None, created_at=now,
-        updated_at=now, sent_at=None, finished_at=None,
-    )
-    fields.update(changes)
-    return Delivery(**fields)
+    """The shared factory, with this module's sender and id."""
+    return make_delivery(key, **{"id": 1, "sender": "alice@example.org", **changes})
 
 
 # -- an aiosmtpd server in this event loop --------------------------------------------------
