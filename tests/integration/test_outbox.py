@@ -204,6 +204,24 @@ async def test_psycopg_async_enqueue_many(pg_store: Store) -> None:
     assert await accounts(pg_store) == [1]
 
 
+async def test_psycopg_async_enqueue_many_as_first_statement(pg_store: Store) -> None:
+    """The batch may be the first statement of the caller's transaction: it must neither
+    commit that transaction nor end it."""
+    url = pg_store.url  # type: ignore[attr-defined]
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await postlane.enqueue_many_async(conn, [msg("first:1"), msg("first:2")])
+        await conn.execute("INSERT INTO accounts VALUES (1, 'alice@example.com')")
+        await conn.rollback()
+    assert await pg_store.get("first:1") is None
+    assert await accounts(pg_store) == []
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        await pg_store.enqueue(msg("first:2"))  # an existing key: the fallback path
+        results = await postlane.enqueue_many_async(conn, [msg("first:1"), msg("first:2")])
+        await conn.rollback()
+    assert [r.created for r in results] == [True, False]
+    assert await pg_store.get("first:1") is None
+
+
 async def test_async_enqueue_refuses_other_connections(sqlite_store: Store) -> None:
     with sqlite3.connect(sqlite_store.path) as conn:  # type: ignore[attr-defined]
         with pytest.raises(UnsupportedConnection):
@@ -436,6 +454,34 @@ async def test_concurrent_enqueue_same_key_asyncio(pg_store: Store) -> None:
         await b.commit()
     assert r1.created and not r2.created and r1.id == r2.id
     assert (await pg_store.stats()).states["pending"] == 1
+
+
+async def test_concurrent_enqueue_many_overlapping_keys(pg_store: Store) -> None:
+    """The bulk path COPYs straight into the table; a key another transaction holds makes
+    that COPY wait, then fail on the unique key once the holder commits, and the batch
+    falls back to insert-or-find: one row per key, the winner's id for the shared one."""
+    url = pg_store.url  # type: ignore[attr-defined]
+    async with await psycopg.AsyncConnection.connect(url) as a, \
+            await psycopg.AsyncConnection.connect(url) as b:
+        first = await postlane.enqueue_many_async(a, [msg("bulk:1"), msg("bulk:2")])
+        second = asyncio.create_task(postlane.enqueue_many_async(
+            b, [msg("bulk:2", subject="second"), msg("bulk:3"), msg("bulk:3")]))
+        await asyncio.to_thread(_wait_until_blocked, url, b.info.backend_pid)
+        assert not second.done()
+        await a.commit()
+        results = await asyncio.wait_for(second, 10)
+        await b.commit()
+    assert [r.created for r in first] == [True, True]
+    assert [(r.key, r.created) for r in results] == [
+        ("bulk:2", False), ("bulk:3", True), ("bulk:3", False)]
+    assert results[0].id == first[1].id and results[1].id == results[2].id
+    assert (await pg_store.stats()).states["pending"] == 3
+    shared = await pg_store.get("bulk:2")
+    assert shared is not None and shared.subject != "second"
+    for key in ("bulk:1", "bulk:2", "bulk:3"):
+        d = await pg_store.get(key)
+        assert d is not None
+        assert [e.kind for e in await pg_store.timeline(d.id)] == ["enqueued"]
 
 
 # -- the enqueue wakes workers only when it commits --------------------------------------

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -116,6 +116,19 @@ SELECT id, idempotency_key FROM ins
 """
 _SELECT_IDS_BY_KEYS = (
     "SELECT id, idempotency_key FROM postlane_deliveries WHERE idempotency_key = ANY(%s)"
+)
+# The direct COPY's ids and clock, in one round trip. ``now()`` is the transaction's start,
+# so run_at and expires_at computed from it equal what ``now()`` in an INSERT would give:
+# the database clock, not the client's. (The sequence is named as a literal: resolved once
+# at parse time, nextval costs a fifth of what it does through pg_get_serial_sequence.)
+_RESERVE_IDS = """
+SELECT now(), ARRAY(SELECT nextval('postlane_deliveries_id_seq') FROM generate_series(1, %s))
+"""
+# COPY writes given values into the identity column (as OVERRIDING SYSTEM VALUE would).
+_COPY_DELIVERIES = f"COPY postlane_deliveries (id, {_INSERT_COLS}) FROM STDIN"
+_ENQUEUED_EVENTS = (
+    "INSERT INTO postlane_events (delivery_id, kind, state) "
+    "SELECT unnest(%s::bigint[]), 'enqueued', 'pending'"
 )
 
 
@@ -1081,23 +1094,85 @@ async def enqueue_on_connection(
 async def enqueue_many_on_connection(
     conn: psycopg.AsyncConnection[Any], messages: Sequence[Message]
 ) -> list[EnqueueResult]:
-    """COPY into a staging table, then one INSERT ... ON CONFLICT DO NOTHING."""
-    created: dict[str, int] = {}
-    async with conn.transaction(), conn.cursor() as cur:
-        await cur.execute(_STAGING)
-        async with cur.copy(_COPY_STAGING) as copy:
-            for i, message in enumerate(messages):
-                await copy.write_row(_staging_row(i, message))
-        await cur.execute(_INSERT_STAGED)
-        created = {key: id_ for id_, key in await cur.fetchall()}
-        # ON COMMIT DROP only fires at the caller's commit: drop it now so a second batch
-        # in the same transaction can stage again.
-        await cur.execute("DROP TABLE postlane_staging")
-        missing = list({m.key for m in messages if m.key not in created})
-        existing: dict[str, int] = {}
-        if missing:
-            await cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
-            existing = {key: id_ for id_, key in await cur.fetchall()}
+    """Insert-or-find a batch inside whatever transaction ``conn`` is in.
+
+    The fast path COPYs the new rows straight into the table, with ids reserved from its
+    sequence, and then their events. A key that exists already (or that a concurrent
+    transaction commits meanwhile) makes that COPY fail on the unique key: it is rolled back
+    to a savepoint and the batch goes the slower insert-or-find way
+    (:func:`_enqueue_many_staged`). A batch that conflicts on its first row (a re-run import)
+    fails at once, so the wasted work is a round trip.
+    """
+    first: dict[str, Message] = {}
+    for message in messages:
+        first.setdefault(message.key, message)
+    async with _atomic(conn), conn.cursor() as cur:
+        # The first statement begins the caller's transaction if it has not begun yet, so
+        # the savepoint below nests in it.
+        await cur.execute(_RESERVE_IDS, (len(first),))
+        row = await cur.fetchone()
+        assert row is not None
+        now, reserved = row
+        fresh = dict(zip(first, sorted(reserved), strict=True))
+        try:
+            async with conn.transaction():  # a savepoint: a conflict rolls back to here
+                await _copy_new(cur, now, [(id_, first[key]) for key, id_ in fresh.items()])
+        except psycopg.errors.UniqueViolation:
+            return await _enqueue_many_staged(cur, messages)
+    return _results(messages, fresh, {})
+
+
+def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
+    """One transaction for the batch that never ends the caller's: on an autocommit
+    connection (the store's own) a transaction of its own; otherwise the caller's. (psycopg's
+    ``transaction()`` on a connection whose transaction has not begun yet would BEGIN and
+    COMMIT it, committing the caller's business write early.)"""
+    return conn.transaction() if conn.autocommit else contextlib.nullcontext()
+
+
+async def _copy_new(
+    cur: psycopg.AsyncCursor[Any], now: datetime, fresh: Iterable[tuple[int, Message]]
+) -> None:
+    new_ids: list[int] = []
+    async with cur.copy(_COPY_DELIVERIES) as copy:
+        for id_, m in fresh:
+            new_ids.append(id_)
+            await copy.write_row((
+                id_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
+                _json(m.headers), _json(m.metadata), m.import_id, m.template_id,
+                m.template_version, now + m.delay if m.delay else now,
+                m.expires_at or (now + m.expires_in if m.expires_in else None),
+            ))
+    if new_ids:
+        await cur.execute(_ENQUEUED_EVENTS, (new_ids,))
+
+
+async def _enqueue_many_staged(
+    cur: psycopg.AsyncCursor[Any], messages: Sequence[Message]
+) -> list[EnqueueResult]:
+    """COPY into a staging table, then one INSERT ... ON CONFLICT DO NOTHING: safe against
+    concurrent enqueuers of the same keys, at about half the speed of the direct COPY."""
+    await cur.execute(_STAGING)
+    async with cur.copy(_COPY_STAGING) as copy:
+        for i, message in enumerate(messages):
+            await copy.write_row(_staging_row(i, message))
+    await cur.execute(_INSERT_STAGED)
+    created = {key: id_ for id_, key in await cur.fetchall()}
+    # ON COMMIT DROP only fires at the caller's commit: drop it now so a second batch
+    # in the same transaction can stage again.
+    await cur.execute("DROP TABLE postlane_staging")
+    missing = list({m.key for m in messages if m.key not in created})
+    existing: dict[str, int] = {}
+    if missing:
+        await cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
+        existing = {key: id_ for id_, key in await cur.fetchall()}
+    return _results(messages, created, existing)
+
+
+def _results(
+    messages: Sequence[Message], created: Mapping[str, int], existing: Mapping[str, int]
+) -> list[EnqueueResult]:
+    """One result per message, in order; a key repeated in the batch is created once."""
     results = []
     seen: set[str] = set()
     for message in messages:
