@@ -56,7 +56,7 @@ def enqueue_many(
         validate(message, limits)
     raw = _driver_connection(conn)
     if isinstance(raw, sqlite3.Connection):
-        return [sq.insert_one(raw, m) for m in messages]
+        return sq.insert_many(raw, messages)
     import psycopg
 
     if isinstance(raw, psycopg.Connection):

@@ -17,7 +17,7 @@ from typing import Any
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.states import State
 from postlane.core.validation import Limits
-from postlane.errors import InvalidMessage
+from postlane.errors import InvalidMessage, StoreError
 
 MAX_RESPONSE_CHARS = 2000
 """Provider responses are kept verbatim up to this bound; some answer with whole HTML pages."""
@@ -647,6 +647,25 @@ def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
                 waiting_retry += int(count)
             oldest = max(oldest, float(age or 0.0))
     return ImportCounts(states, waiting_retry, max(0.0, oldest))
+
+
+def enqueue_results(
+    messages: Sequence[Message], created: Mapping[str, int], existing: Mapping[str, int]
+) -> list[EnqueueResult]:
+    """One result per message, in order, from the keys a batch created and those that
+    existed; a key repeated in the batch is created once (the first time)."""
+    results = []
+    seen: set[str] = set()
+    for message in messages:
+        key = message.key
+        if key in created and key not in seen:
+            results.append(EnqueueResult(created[key], key, created=True))
+        elif key in created or key in existing:
+            results.append(EnqueueResult(created.get(key) or existing[key], key, created=False))
+        else:
+            raise StoreError(f"key {key!r} was neither inserted nor found; retry")
+        seen.add(key)
+    return results
 
 
 def check_template_id(message: Message, template: str) -> None:

@@ -50,6 +50,7 @@ from postlane.store.base import (
     Transition,
     bound_response,
     check_template_id,
+    enqueue_results,
     import_counts_from_rows,
     suppression_for,
 )
@@ -1119,7 +1120,7 @@ async def enqueue_many_on_connection(
                 await _copy_new(cur, now, [(id_, first[key]) for key, id_ in fresh.items()])
         except psycopg.errors.UniqueViolation:
             return await _enqueue_many_staged(cur, messages)
-    return _results(messages, fresh, {})
+    return enqueue_results(messages, fresh, {})
 
 
 def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -1166,25 +1167,7 @@ async def _enqueue_many_staged(
     if missing:
         await cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
         existing = {key: id_ for id_, key in await cur.fetchall()}
-    return _results(messages, created, existing)
-
-
-def _results(
-    messages: Sequence[Message], created: Mapping[str, int], existing: Mapping[str, int]
-) -> list[EnqueueResult]:
-    """One result per message, in order; a key repeated in the batch is created once."""
-    results = []
-    seen: set[str] = set()
-    for message in messages:
-        key = message.key
-        if key in created and key not in seen:
-            results.append(EnqueueResult(created[key], key, created=True))
-        elif key in created or key in existing:
-            results.append(EnqueueResult(created.get(key) or existing[key], key, created=False))
-        else:
-            raise StoreError(f"key {key!r} was neither inserted nor found; retry")
-        seen.add(key)
-    return results
+    return enqueue_results(messages, created, existing)
 
 
 _STATE_INDEX = DELIVERY_COLUMNS.index("state")

@@ -49,6 +49,7 @@ from postlane.store.base import (
     Transition,
     bound_response,
     check_template_id,
+    enqueue_results,
     find_conditions,
     import_counts_from_rows,
     suppression_for,
@@ -79,6 +80,50 @@ _INSERT_EVENT = (
     f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
     f"VALUES (?, {NOW}, ?, ?, ?)"
 )
+
+
+# -- the worker's path: one statement per batch, the batch as one JSON array -------------
+# Guarded as on PostgreSQL: leased to me (claim number and owner), lease not yet expired.
+_CLAIMS = """(SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS claims
+             FROM json_each(:claims)) AS t"""
+_LEASED_TO_ME = (
+    f"d.id = t.id AND d.claims = t.claims AND d.state = 'sending' "
+    f"AND d.lease_owner = :owner AND d.lease_expires_at > {NOW}"
+)
+_START = f"""
+UPDATE postlane_deliveries AS d SET attempt_started_at = {NOW}, updated_at = {NOW}
+FROM {_CLAIMS} WHERE {_LEASED_TO_ME}
+RETURNING id
+"""
+_RENEW = f"""
+UPDATE postlane_deliveries AS d SET lease_expires_at = {NOW} + :lease_s, updated_at = {NOW}
+FROM {_CLAIMS} WHERE {_LEASED_TO_ME}
+RETURNING id
+"""
+_SET_STATE_TEMPLATE = f"""
+UPDATE postlane_deliveries AS d SET
+    state = t.state,
+    attempts = d.attempts + t.spend,
+    run_at = CASE WHEN t.state = 'pending'
+                  THEN {NOW} + COALESCE(t.delay_s, 0) ELSE d.run_at END,
+    lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
+    last_error = COALESCE(t.error, d.last_error),
+    provider_message_id = COALESCE(t.pmid, d.provider_message_id),
+    dead_reason = CASE WHEN t.state = 'dead' THEN t.reason ELSE d.dead_reason END,
+    sent_at = CASE WHEN t.state = 'sent' THEN {NOW} ELSE d.sent_at END,
+    finished_at = CASE WHEN t.state IN {_TERMINAL} THEN {NOW} ELSE NULL END,
+    updated_at = {NOW}
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS claims,
+             json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS delay_s,
+             json_extract(value, '$[4]') AS spend, json_extract(value, '$[5]') AS error,
+             json_extract(value, '$[6]') AS pmid, json_extract(value, '$[7]') AS reason
+      FROM json_each(:batch)) AS t
+WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
+RETURNING id
+"""
+_SET_STATE_IF_SENDING = _SET_STATE_TEMPLATE.replace(
+    "__GUARD__", "d.state = 'sending' AND d.lease_owner = :owner")
+_SET_STATE_IF_AMBIGUOUS = _SET_STATE_TEMPLATE.replace("__GUARD__", "d.state = 'ambiguous'")
 
 
 def message_params(message: Message) -> dict[str, Any]:
@@ -114,6 +159,58 @@ def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
     if row is None:  # pragma: no cover - SQLite serialises writers, so the winner is visible
         raise StoreError(f"key {message.key!r} conflicts but no row is visible")
     return EnqueueResult(row[0], message.key, created=False)
+
+
+# One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
+# a statement per row is not). Row fields by position, as _batch_row writes them.
+_INSERT_MANY = f"""
+INSERT INTO postlane_deliveries (
+    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
+    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
+    updated_at)
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))},
+       {NOW} + json_extract(value, '$[13]'),
+       COALESCE(json_extract(value, '$[14]'), {NOW} + json_extract(value, '$[15]')),
+       {NOW}, {NOW}
+FROM json_each(:batch) WHERE true  -- (WHERE: SQLite's parser needs it before ON CONFLICT)
+ORDER BY key  -- ids in input order
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, idempotency_key
+"""
+_IDS_BY_KEYS = (
+    "SELECT id, idempotency_key FROM postlane_deliveries "
+    "WHERE idempotency_key IN (SELECT value FROM json_each(?))"
+)
+
+
+def _json_map(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value)) if value else "{}"
+
+
+def _batch_row(m: Message) -> tuple[Any, ...]:
+    return (
+        m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
+        _json_map(m.headers), _json_map(m.metadata), m.import_id, m.template_id,
+        m.template_version, m.delay.total_seconds() if m.delay else 0.0,
+        m.expires_at.timestamp() if m.expires_at else None,
+        m.expires_in.total_seconds() if m.expires_in else None,
+    )
+
+
+def insert_many(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[EnqueueResult]:
+    """Insert-or-find a batch in whatever transaction ``conn`` is in: one INSERT for the
+    rows, one for their events, one look-up for the keys that existed already."""
+    if not messages:
+        return []
+    created = dict((key, id_) for id_, key in conn.execute(
+        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages])}))
+    conn.executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
+                                     for id_ in created.values()])
+    existing: dict[str, int] = {}
+    missing = list({m.key for m in messages if m.key not in created})
+    if missing:
+        existing = {key: id_ for id_, key in conn.execute(_IDS_BY_KEYS, (json.dumps(missing),))}
+    return enqueue_results(messages, created, existing)
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -237,7 +334,7 @@ class SQLiteStore(Store):
 
         def _enqueue_many() -> list[EnqueueResult]:
             with self._write() as conn:
-                return [insert_one(conn, m) for m in messages]
+                return insert_many(conn, messages)
         results = await self._run(_enqueue_many)
         self._wakeup.set()
         return results
@@ -281,38 +378,23 @@ class SQLiteStore(Store):
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
                      extra: dict[str, Any]) -> set[int]:
         with self._write() as conn:
-            held = set()
-            for claim in claims:
-                row = conn.execute(
-                    sql, {"id": claim.id, "claims": claim.claims, "owner": owner, **extra}
-                ).fetchone()
-                if row:
-                    held.add(row[0])
-            return held
+            rows = conn.execute(sql, {
+                "claims": json.dumps([[c.id, c.claims] for c in claims]), "owner": owner,
+                **extra}).fetchall()
+        return {row[0] for row in rows}
 
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
-        sql = f"""
-            UPDATE postlane_deliveries SET attempt_started_at = {NOW}, updated_at = {NOW}
-            WHERE id = :id AND claims = :claims AND state = 'sending'
-              AND lease_owner = :owner AND lease_expires_at > {NOW}
-            RETURNING id"""
         if not claims:
             return set()
-        return await self._run(self._guarded_ids, sql, owner, claims, {})
+        return await self._run(self._guarded_ids, _START, owner, claims, {})
 
     async def renew_leases(
         self, owner: str, claims: Sequence[Claim], lease: timedelta
     ) -> set[int]:
-        sql = f"""
-            UPDATE postlane_deliveries
-            SET lease_expires_at = {NOW} + :lease_s, updated_at = {NOW}
-            WHERE id = :id AND claims = :claims AND state = 'sending'
-              AND lease_owner = :owner AND lease_expires_at > {NOW}
-            RETURNING id"""
         if not claims:
             return set()
         return await self._run(
-            self._guarded_ids, sql, owner, claims, {"lease_s": lease.total_seconds()}
+            self._guarded_ids, _RENEW, owner, claims, {"lease_s": lease.total_seconds()}
         )
 
     async def set_state_if_sending_many(
@@ -344,39 +426,23 @@ class SQLiteStore(Store):
         self, owner: str | None, transitions: Sequence[Transition]
     ) -> set[int]:
         """Guarded by (sending, owner) when ``owner`` is given, else by ``ambiguous``."""
-        guard = ("state = 'sending' AND lease_owner = :owner" if owner is not None
-                 else "state = 'ambiguous'")
-        applied: set[int] = set()
+        sql = _SET_STATE_IF_SENDING if owner is not None else _SET_STATE_IF_AMBIGUOUS
+        batch = json.dumps([
+            [t.id, t.claims, str(t.state), t.delay_s, 1 if t.spend_attempt else 0,
+             bound_response(t.error), t.provider_message_id, t.dead_reason]
+            for t in transitions
+        ])
         with self._write() as conn:
-            for t in transitions:
-                row = conn.execute(
-                    f"""
-                    UPDATE postlane_deliveries SET
-                        state = :state,
-                        attempts = attempts + :spend,
-                        run_at = CASE WHEN :state = 'pending'
-                                      THEN {NOW} + COALESCE(:delay_s, 0) ELSE run_at END,
-                        lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
-                        last_error = COALESCE(:error, last_error),
-                        provider_message_id = COALESCE(:pmid, provider_message_id),
-                        dead_reason = CASE WHEN :state = 'dead' THEN :reason
-                                           ELSE dead_reason END,
-                        sent_at = CASE WHEN :state = 'sent' THEN {NOW} ELSE sent_at END,
-                        finished_at = CASE WHEN :state IN {_TERMINAL} THEN {NOW} ELSE NULL END,
-                        updated_at = {NOW}
-                    WHERE id = :id AND claims = :claims AND {guard}
-                    RETURNING {_COLS}
-                    """,
-                    {"state": str(t.state), "spend": 1 if t.spend_attempt else 0,
-                     "delay_s": t.delay_s, "error": bound_response(t.error),
-                     "pmid": t.provider_message_id, "reason": t.dead_reason, "id": t.id,
-                     "claims": t.claims, "owner": owner},
-                ).fetchone()
-                if row is None:
-                    continue
-                applied.add(t.id)
-                conn.execute(_INSERT_EVENT, (t.id, t.event, str(t.state), json.dumps(t.detail)))
+            applied = {row[0] for row in conn.execute(sql, {"batch": batch, "owner": owner})}
+            done = [t for t in transitions if t.id in applied]
+            conn.executemany(_INSERT_EVENT, [
+                (t.id, t.event, str(t.state), json.dumps(t.detail)) for t in done])
+            # After the events: the dead letter's attempt history includes this attempt.
+            for t in done:
                 if t.state in (State.DEAD, State.EXPIRED):
+                    row = conn.execute(
+                        f"SELECT {_COLS} FROM postlane_deliveries WHERE id = ?", (t.id,)
+                    ).fetchone()
                     self._write_dead_letter(conn, row, t.dead_reason or str(t.state))
         return applied
 
@@ -916,7 +982,7 @@ class SQLiteStore(Store):
                     raise TemplateDeprecated(
                         f"template {template!r} is deprecated: it takes no new enqueues",
                         field="template_id")
-                results = [insert_one(conn, m) for m in messages]
+                results = insert_many(conn, messages)
                 if progress is not None:
                     conn.execute(self._IMPORT_PROGRESS, {
                         "id": progress.import_id, "read": progress.rows_read,
