@@ -1,0 +1,43 @@
+"""The PostgreSQL engine (psycopg 3, async, pooled): the production store for many hosts.
+
+Claims use ``FOR UPDATE SKIP LOCKED``; every state write is one statement guarded by
+state, lease owner and claim number; lease times come from the database clock (``now()``).
+"""
+
+from __future__ import annotations
+
+from postlane.store.postgres._base import CHANNEL
+from postlane.store.postgres._claims import ClaimsMixin
+from postlane.store.postgres._http_api import HttpApiMixin
+from postlane.store.postgres._operating import OperatingMixin
+from postlane.store.postgres._producing import (
+    INSERT_ONE,
+    SELECT_ID_BY_KEY,
+    ProducingMixin,
+    enqueue_many_on_connection,
+    enqueue_on_connection,
+    message_params,
+)
+from postlane.store.postgres._provider_events import ProviderEventsMixin
+from postlane.store.postgres._templates import TemplatesMixin
+
+__all__ = [
+    "CHANNEL",
+    "INSERT_ONE",
+    "SELECT_ID_BY_KEY",
+    "PostgresStore",
+    "enqueue_many_on_connection",
+    "enqueue_on_connection",
+    "message_params",
+]
+
+
+class PostgresStore(
+    ProducingMixin,
+    ClaimsMixin,
+    OperatingMixin,
+    ProviderEventsMixin,
+    TemplatesMixin,
+    HttpApiMixin,
+):
+    """Every part of the store, over one pool (see ``_base.PostgresBase``)."""

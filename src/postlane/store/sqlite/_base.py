@@ -1,0 +1,193 @@
+"""The SQLite store's foundation: the connection, its thread, write transactions and
+migrations, with the helpers every part of the store shares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from postlane.core.message import Delivery
+from postlane.core.states import State
+from postlane.core.validation import Limits
+from postlane.errors import StoreError
+from postlane.store import migrations
+from postlane.store.base import DELIVERY_COLUMNS, Store
+
+T = TypeVar("T")
+
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+_COLS = ", ".join(DELIVERY_COLUMNS)
+_TIME_COLUMNS = frozenset({
+    "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
+    "updated_at", "sent_at", "finished_at",
+})
+_TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
+
+_INSERT_EVENT = (
+    f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
+    f"VALUES (?, {NOW}, ?, ?, ?)"
+)
+
+
+def connect(path: str) -> sqlite3.Connection:
+    """A connection configured as every Postlane SQLite connection must be."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=60)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=60000")
+    return conn
+
+
+class SQLiteBase(Store):
+    engine = "sqlite"
+
+    def __init__(self, path: str, *, limits: Limits | None = None) -> None:
+        super().__init__(limits)
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="postlane-sqlite")
+        self._wakeup = asyncio.Event()
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def open(self) -> None:
+        def _open() -> None:
+            try:
+                self._conn = connect(self.path)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        await self._run(_open)
+
+    async def close(self) -> None:
+        def _close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        await self._run(_close)
+        self._thread.shutdown(wait=True)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("store is not open; use `async with store:` or `await store.open()`")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Wake on an in-process enqueue, or on a commit by another connection
+        (``PRAGMA data_version``), polled every 50 ms."""
+        def _version() -> int:
+            return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+        deadline = time.monotonic() + timeout
+        start = await self._run(_version)
+        while not self._wakeup.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                async with asyncio.timeout(min(0.05, left)):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                if await self._run(_version) != start:
+                    break
+        self._wakeup.clear()
+
+    # -- migrations ------------------------------------------------------------------------
+    def _applied(self) -> set[int]:
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
+            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        )
+        rows = self.conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        return {r[0] for r in rows}
+
+    async def migrate(self) -> list[str]:
+        def _migrate() -> list[str]:
+            applied = []
+            with self._write():
+                done = self._applied()
+            for migration in migrations.load(self.engine):
+                if migration.version in done:
+                    continue
+                # executescript commits first, so the migration brings its own transaction.
+                # It records itself first: a concurrent migrator that applied it since we
+                # read ``done`` makes that INSERT fail, and we roll back and move on.
+                try:
+                    self.conn.executescript(
+                        "BEGIN IMMEDIATE;\n"
+                        f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
+                        f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
+                        f"{migration.sql}\n"
+                        "COMMIT;"
+                    )
+                except sqlite3.Error:
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+                    if migration.version in self._applied():
+                        continue
+                    raise
+                applied.append(migration.label)
+            return applied
+        return await self._run(_migrate)
+
+    async def pending_migrations(self) -> list[str]:
+        def _pending() -> list[str]:
+            exists = self.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (migrations.MIGRATIONS_TABLE,),
+            ).fetchone()
+            done = self._applied() if exists else set()
+            return [m.label for m in migrations.load(self.engine) if m.version not in done]
+        return await self._run(_pending)
+
+
+def _dt(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _opt_dt(value: float | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value, UTC)
+
+
+def _iso(value: float | None) -> str | None:
+    return None if value is None else _dt(value).isoformat()
+
+
+def _delivery(row: Sequence[Any]) -> Delivery:
+    v = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+    return Delivery(
+        id=v["id"], key=v["idempotency_key"], lane=v["lane"], channel=v["channel"],
+        recipient=v["recipient"], sender=v["sender"], subject=v["subject"],
+        text=v["text_body"], html=v["html_body"], headers=json.loads(v["headers"]),
+        metadata=json.loads(v["metadata"]), import_id=v["import_id"],
+        template_id=v["template_id"], template_version=v["template_version"],
+        state=State(v["state"]), attempts=v["attempts"], claims=v["claims"],
+        run_at=_dt(v["run_at"]), expires_at=_opt_dt(v["expires_at"]),
+        lease_owner=v["lease_owner"], lease_expires_at=_opt_dt(v["lease_expires_at"]),
+        attempt_started_at=_opt_dt(v["attempt_started_at"]),
+        provider_message_id=v["provider_message_id"], dead_reason=v["dead_reason"],
+        last_error=v["last_error"], created_at=_dt(v["created_at"]),
+        updated_at=_dt(v["updated_at"]), sent_at=_opt_dt(v["sent_at"]),
+        finished_at=_opt_dt(v["finished_at"]),
+    )

@@ -1,0 +1,83 @@
+"""The HTTP API's storage on SQLite: API keys, and requests made idempotent by their body."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from postlane.core.message import EnqueueResult, Message
+from postlane.core.validation import validate
+from postlane.store.base import ApiKey
+from postlane.store.sqlite._base import NOW, SQLiteBase, _dt, _opt_dt
+from postlane.store.sqlite._producing import insert_one
+
+
+class HttpApiMixin(SQLiteBase):
+    # -- the HTTP API: keys, and requests made idempotent by their body -------------------
+    async def enqueue_request(
+        self, message: Message, request_hash: str
+    ) -> tuple[EnqueueResult, str | None]:
+        validate(message, self.limits)
+
+        def _enqueue() -> tuple[EnqueueResult, str | None]:
+            with self._write() as conn:
+                result = insert_one(conn, message)
+                if result.created:
+                    conn.execute("UPDATE postlane_deliveries SET request_hash = ? WHERE id = ?",
+                                 (request_hash, result.id))
+                    return result, request_hash
+                row = conn.execute("SELECT request_hash FROM postlane_deliveries WHERE id = ?",
+                                   (result.id,)).fetchone()
+                return result, row[0]
+        result = await self._run(_enqueue)
+        self._wakeup.set()
+        return result
+
+    async def create_api_key(
+        self, name: str, prefix: str, token_hash: str, scopes: Sequence[str]
+    ) -> ApiKey:
+        def _create() -> ApiKey:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"INSERT INTO postlane_api_keys (name, prefix, token_hash, scopes, "
+                    f"created_at) VALUES (?, ?, ?, ?, {NOW}) RETURNING {_API_KEY_COLS}",
+                    (name, prefix, token_hash, ",".join(scopes)),
+                ).fetchone()
+            return _api_key(row)
+        return await self._run(_create)
+
+    async def get_api_key(
+        self, *, key_id: int | None = None, token_hash: str | None = None
+    ) -> ApiKey | None:
+        column, value = ("id", key_id) if key_id is not None else ("token_hash", token_hash)
+
+        def _get() -> ApiKey | None:
+            row = self.conn.execute(
+                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys WHERE {column} = ?", (value,)
+            ).fetchone()
+            return _api_key(row) if row else None
+        return await self._run(_get)
+
+    async def list_api_keys(self) -> list[ApiKey]:
+        def _list() -> list[ApiKey]:
+            rows = self.conn.execute(
+                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys ORDER BY id").fetchall()
+            return [_api_key(r) for r in rows]
+        return await self._run(_list)
+
+    async def revoke_api_key(self, key_id: int) -> bool:
+        def _revoke() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"UPDATE postlane_api_keys SET revoked_at = {NOW} "
+                    "WHERE id = ? AND revoked_at IS NULL RETURNING id", (key_id,)).fetchone()
+            return row is not None
+        return await self._run(_revoke)
+
+
+_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at"
+
+
+def _api_key(row: Sequence[Any]) -> ApiKey:
+    return ApiKey(row[0], row[1], row[2], tuple(s for s in row[3].split(",") if s),
+                  _dt(row[4]), _opt_dt(row[5]))

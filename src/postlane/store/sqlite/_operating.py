@@ -1,0 +1,247 @@
+"""Operating SQLite: the fleet's controls, reading deliveries and dead letters, replay,
+discard, stats, cancel and prune.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from postlane.core.message import Delivery
+from postlane.core.states import State
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    Event,
+    LaneStats,
+    Stats,
+    find_conditions,
+)
+from postlane.store.sqlite._base import (
+    _COLS,
+    _INSERT_EVENT,
+    NOW,
+    SQLiteBase,
+    _delivery,
+    _dt,
+    _opt_dt,
+)
+
+
+class OperatingMixin(SQLiteBase):
+    # -- controls shared by the fleet ------------------------------------------------------
+    async def get_controls(self) -> dict[str, Control]:
+        def _get() -> dict[str, Control]:
+            rows = self.conn.execute(
+                "SELECT name, value, version, updated_at FROM postlane_controls"
+            ).fetchall()
+            return {r[0]: Control(r[0], json.loads(r[1]), r[2], _dt(r[3])) for r in rows}
+        return await self._run(_get)
+
+    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        def _set() -> None:
+            with self._write() as conn:
+                if value is None:
+                    conn.execute("DELETE FROM postlane_controls WHERE name = ?", (name,))
+                    return
+                conn.execute(
+                    f"INSERT INTO postlane_controls (name, value, updated_at) "
+                    f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO UPDATE SET "
+                    f"value = excluded.value, version = version + 1, updated_at = {NOW}",
+                    (name, json.dumps(dict(value))),
+                )
+        await self._run(_set)
+
+    async def compare_and_set_control(
+        self, name: str, expected_version: int | None, value: Mapping[str, Any]
+    ) -> bool:
+        def _cas() -> bool:
+            with self._write() as conn:
+                if expected_version is None:
+                    row = conn.execute(
+                        f"INSERT INTO postlane_controls (name, value, updated_at) "
+                        f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO NOTHING RETURNING name",
+                        (name, json.dumps(dict(value))),
+                    ).fetchone()
+                else:
+                    row = conn.execute(
+                        f"UPDATE postlane_controls SET value = ?, version = version + 1, "
+                        f"updated_at = {NOW} WHERE name = ? AND version = ? RETURNING name",
+                        (json.dumps(dict(value)), name, expected_version),
+                    ).fetchone()
+                return row is not None
+        return await self._run(_cas)
+
+    # -- reading and operating -------------------------------------------------------------
+    async def get(self, id_or_key: int | str) -> Delivery | None:
+        column = "id" if isinstance(id_or_key, int) else "idempotency_key"
+
+        def _get() -> Delivery | None:
+            row = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = ?", (id_or_key,)
+            ).fetchone()
+            return _delivery(row) if row else None
+        return await self._run(_get)
+
+    async def timeline(self, delivery_id: int) -> list[Event]:
+        def _timeline() -> list[Event]:
+            rows = self.conn.execute(
+                "SELECT id, delivery_id, at, kind, state, data FROM postlane_events "
+                "WHERE delivery_id = ? ORDER BY id", (delivery_id,)
+            ).fetchall()
+            return [Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
+        return await self._run(_timeline)
+
+    async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
+        found = await self._run(self._dead_letters, "dl.delivery_id = :id",
+                                {"id": delivery_id}, 1)
+        return found[0] if found else None
+
+    async def list_dead_letters(
+        self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
+    ) -> list[DeadLetter]:
+        where, params = selection.where(lambda name: f":{name}", lambda when: when.timestamp())
+        return await self._run(self._dead_letters, where, params, limit)
+
+    def _dead_letters(self, where: str, params: dict[str, Any],
+                      limit: int) -> list[DeadLetter]:
+        rows = self.conn.execute(
+            f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
+            f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+            f"ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit", {**params, "limit": limit},
+        ).fetchall()
+        return [
+            DeadLetter(r[0], r[1], json.loads(r[2]), r[3], json.loads(r[4]), _dt(r[5]),
+                       _opt_dt(r[6]), r[7], _opt_dt(r[8]), r[9], r[10], r[11])
+            for r in rows
+        ]
+
+    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
+        def _replay() -> set[int]:
+            replayed = set()
+            with self._write() as conn:
+                for delivery_id in ids:
+                    row = conn.execute(
+                        f"""UPDATE postlane_dead_letters
+                        SET replayed_at = {NOW}, replayed_by = ?, replay_count = replay_count + 1
+                        WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+                            SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+                              AND d.state IN ('dead', 'expired'))
+                        RETURNING replay_count""", (by, delivery_id),
+                    ).fetchone()
+                    if row is None:
+                        continue
+                    conn.execute(
+                        f"UPDATE postlane_deliveries SET state = 'pending', attempts = 0, "
+                        f"run_at = {NOW}, dead_reason = NULL, finished_at = NULL, "
+                        f"updated_at = {NOW} WHERE id = ?", (delivery_id,),
+                    )
+                    conn.execute(_INSERT_EVENT, (delivery_id, "replayed", "pending",
+                                                 json.dumps({"by": by, "replay": row[0]})))
+                    replayed.add(delivery_id)
+            return replayed
+        if not ids:
+            return set()
+        result = await self._run(_replay)
+        self._wakeup.set()
+        return result
+
+    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        def _discard() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"""UPDATE postlane_dead_letters SET discarded_at = {NOW}, discard_reason = ?
+                    WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+                        SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+                          AND d.state IN ('dead', 'expired'))
+                    RETURNING delivery_id""", (reason, delivery_id),
+                ).fetchone()
+                if row is not None:
+                    conn.execute(_INSERT_EVENT, (delivery_id, "discarded", None,
+                                                 json.dumps({"by": by, "reason": reason})))
+                return row is not None
+        return await self._run(_discard)
+
+    async def find_deliveries(
+        self, *, key: str | None = None, recipient: str | None = None,
+        import_id: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        conditions, params = find_conditions(key, recipient, import_id, ":{}")
+
+        def _find() -> list[Delivery]:
+            rows = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
+            ).fetchall()
+            return [_delivery(r) for r in rows]
+        return await self._run(_find)
+
+    async def stats(self) -> Stats:
+        def _stats() -> Stats:
+            conn = self.conn
+            lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
+            for lane, depth, age in conn.execute(
+                f"SELECT lane, count(*), {NOW} - min(created_at) FROM postlane_deliveries "
+                f"WHERE state IN ('pending', 'sending') GROUP BY lane"
+            ):
+                lanes[lane] = LaneStats(int(depth), max(0.0, float(age or 0)))
+            states = {str(s): 0 for s in State}
+            states.update(dict(conn.execute(
+                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
+            ).fetchall()))
+            attempts = {str(a): int(n) for a, n in conn.execute(
+                "SELECT attempts + 1, count(*) FROM postlane_deliveries "
+                "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
+            )}
+            dead = dict(conn.execute(
+                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+                "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
+                "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
+                "GROUP BY dl.reason"
+            ).fetchall())
+            return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+        return await self._run(_stats)
+
+    async def cancel(self, delivery_id: int, reason: str = "") -> bool:
+        def _cancel() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    f"UPDATE postlane_deliveries SET state = 'cancelled', finished_at = {NOW}, "
+                    f"updated_at = {NOW} WHERE id = ? AND state IN ('pending', 'ambiguous') "
+                    f"RETURNING id", (delivery_id,)
+                ).fetchone()
+                if row:
+                    conn.execute(_INSERT_EVENT, (delivery_id, "cancelled", "cancelled",
+                                                 json.dumps({"reason": reason})))
+                return row is not None
+        return await self._run(_cancel)
+
+    async def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
+        def _prune() -> int:
+            total = 0
+            while True:
+                with self._write() as conn:
+                    ids = [r[0] for r in conn.execute(
+                        f"""SELECT id FROM postlane_deliveries
+                            WHERE finished_at IS NOT NULL AND (
+                                (state IN ('sent', 'expired', 'cancelled', 'suppressed')
+                                    AND finished_at < {NOW} - ?)
+                                OR (state = 'dead' AND finished_at < {NOW} - ?))
+                            LIMIT 5000""",
+                        (finished_before.total_seconds(), dead_before.total_seconds()),
+                    )]
+                    batch = json.dumps(ids)
+                    # The timeline has no foreign key (checked on every event insert);
+                    # a delivery and its events go together here.
+                    conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                    conn.execute("DELETE FROM postlane_deliveries WHERE id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                total += len(ids)
+                if len(ids) < 5000:
+                    return total
+        return await self._run(_prune)

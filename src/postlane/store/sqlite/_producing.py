@@ -1,0 +1,137 @@
+"""Producing on SQLite: enqueueing one message or a batch, alone or in a caller's transaction."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from postlane.core.message import EnqueueResult, Message
+from postlane.core.validation import validate
+from postlane.errors import StoreError
+from postlane.store.base import enqueue_results
+from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
+
+INSERT_ONE = f"""
+INSERT INTO postlane_deliveries (
+    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
+    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
+    updated_at)
+VALUES (:key, :lane, :channel, :recipient, :sender, :subject, :text, :html, :headers,
+        :metadata, :import_id, :template_id, :template_version, {NOW} + :delay_s,
+        COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id
+"""
+
+
+def message_params(message: Message) -> dict[str, Any]:
+    return {
+        "key": message.key,
+        "lane": message.lane,
+        "channel": message.channel,
+        "recipient": message.to,
+        "sender": message.sender,
+        "subject": message.subject,
+        "text": message.text,
+        "html": message.html,
+        "headers": json.dumps(dict(message.headers)),
+        "metadata": json.dumps(dict(message.metadata)),
+        "import_id": message.import_id,
+        "template_id": message.template_id,
+        "template_version": message.template_version,
+        "delay_s": message.delay.total_seconds() if message.delay else 0.0,
+        "expires_at": message.expires_at.timestamp() if message.expires_at else None,
+        "expires_in_s": message.expires_in.total_seconds() if message.expires_in else None,
+    }
+
+
+def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
+    """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox)."""
+    row = conn.execute(INSERT_ONE, message_params(message)).fetchone()
+    if row is not None:
+        conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
+        return EnqueueResult(row[0], message.key, created=True)
+    row = conn.execute(
+        "SELECT id FROM postlane_deliveries WHERE idempotency_key = ?", (message.key,)
+    ).fetchone()
+    if row is None:  # pragma: no cover - SQLite serialises writers, so the winner is visible
+        raise StoreError(f"key {message.key!r} conflicts but no row is visible")
+    return EnqueueResult(row[0], message.key, created=False)
+
+
+# One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
+# a statement per row is not). Row fields by position, as _batch_row writes them.
+_INSERT_MANY = f"""
+INSERT INTO postlane_deliveries (
+    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
+    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
+    updated_at)
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))},
+       {NOW} + json_extract(value, '$[13]'),
+       COALESCE(json_extract(value, '$[14]'), {NOW} + json_extract(value, '$[15]')),
+       {NOW}, {NOW}
+FROM json_each(:batch) WHERE true  -- (WHERE: SQLite's parser needs it before ON CONFLICT)
+ORDER BY key  -- ids in input order
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, idempotency_key
+"""
+_IDS_BY_KEYS = (
+    "SELECT id, idempotency_key FROM postlane_deliveries "
+    "WHERE idempotency_key IN (SELECT value FROM json_each(?))"
+)
+
+
+def _json_map(value: Mapping[str, Any]) -> str:
+    return json.dumps(dict(value)) if value else "{}"
+
+
+def _batch_row(m: Message) -> tuple[Any, ...]:
+    return (
+        m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
+        _json_map(m.headers), _json_map(m.metadata), m.import_id, m.template_id,
+        m.template_version, m.delay.total_seconds() if m.delay else 0.0,
+        m.expires_at.timestamp() if m.expires_at else None,
+        m.expires_in.total_seconds() if m.expires_in else None,
+    )
+
+
+def insert_many(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[EnqueueResult]:
+    """Insert-or-find a batch in whatever transaction ``conn`` is in: one INSERT for the
+    rows, one for their events, one look-up for the keys that existed already."""
+    if not messages:
+        return []
+    created = dict((key, id_) for id_, key in conn.execute(
+        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages])}))
+    conn.executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
+                                     for id_ in created.values()])
+    existing: dict[str, int] = {}
+    missing = list({m.key for m in messages if m.key not in created})
+    if missing:
+        existing = {key: id_ for id_, key in conn.execute(_IDS_BY_KEYS, (json.dumps(missing),))}
+    return enqueue_results(messages, created, existing)
+
+
+class ProducingMixin(SQLiteBase):
+    # -- producing -------------------------------------------------------------------------
+    async def enqueue(self, message: Message) -> EnqueueResult:
+        validate(message, self.limits)
+
+        def _enqueue() -> EnqueueResult:
+            with self._write() as conn:
+                return insert_one(conn, message)
+        result = await self._run(_enqueue)
+        self._wakeup.set()
+        return result
+
+    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+        for message in messages:
+            validate(message, self.limits)
+
+        def _enqueue_many() -> list[EnqueueResult]:
+            with self._write() as conn:
+                return insert_many(conn, messages)
+        results = await self._run(_enqueue_many)
+        self._wakeup.set()
+        return results
