@@ -129,7 +129,11 @@ async def test_postgres_migrate_from_empty(fresh_pg_url: str) -> None:
     assert dump_postgres(fresh_pg_url) == _expected("postgres"), _diff_hint("postgres")
     with psycopg.connect(fresh_pg_url) as conn:
         rows = conn.execute("SELECT version, name FROM postlane_migrations ORDER BY 1").fetchall()
+        # The bulk enqueue reserves ids from this sequence by name.
+        sequence = conn.execute(
+            "SELECT pg_get_serial_sequence('postlane_deliveries', 'id')").fetchone()
     assert [f"{v:04d}_{n}" for v, n in rows] == ALL
+    assert sequence == ("public.postlane_deliveries_id_seq",)
 
 
 async def test_sqlite_migrate_from_empty(sqlite_url: str) -> None:
