@@ -29,6 +29,7 @@ import psycopg
 from bench import _harness as h
 from bench._common import fresh_pg_database
 from postlane import Message, enqueue
+from postlane.worker.runner import WorkerConfig
 
 RATE = 200.0
 
@@ -150,7 +151,8 @@ def markdown(runs: list[LaneRun], command: str) -> str:
         "",
         f"Command: `{command}`. {bulk:,} bulk messages enqueued at once into PostgreSQL, one "
         f"`postlane worker --provider noop:// --rate {RATE:g}/s` (in-process limiter, default "
-        "headroom 2 %, concurrency 100), then one interactive message every ~0.5 s "
+        f"headroom 2 %, concurrency {WorkerConfig().concurrency}), then one interactive "
+        "message every ~0.5 s "
         "(`postlane.enqueue`, one transaction each). Latency = `sent_at - created_at` on the "
         "database clock (p99 of a few dozen samples is their maximum). The run stops after the "
         "interactive messages (it does not drain the burst).",

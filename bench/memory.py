@@ -24,6 +24,7 @@ import psycopg
 
 from bench import _harness as h
 from bench._common import fresh_pg_database
+from postlane.worker.runner import WorkerConfig
 
 
 @dataclass
@@ -112,7 +113,8 @@ def markdown(runs: list[MemoryRun], command: str) -> str:
         "## Memory: worker peak RSS with a million pending deliveries",
         "",
         f"Command: `{command}`. One `postlane worker --provider noop://` (default settings: "
-        "concurrency 100, batches of 100) claiming and sending at full speed for "
+        f"concurrency {WorkerConfig().concurrency}, batches of {WorkerConfig().batch_size}) "
+        "claiming and sending at full speed for "
         f"{runs[0].seconds if runs else 0:g} s; peak RSS = `VmHWM` from `/proc/<pid>/status`, "
         "read just before the worker is stopped.",
         "",

@@ -11,7 +11,7 @@ done, so process start-up is not counted; *wall* adds it: from launching the con
 the last job done). jobs/s = jobs / drain.
 
 - Postlane: ``postlane worker --provider noop:// --drain`` processes (real CLI, default
-  settings: concurrency 100, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
+  settings: concurrency 200, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
   which borrows the idle interactive slots). Times from the database: first ``claimed`` event
   to the last ``finished_at`` -- the ack is written, so this is the stricter end.
 - Peers run in ``bench/.venv-peers``; their handler only counts (``bench/peers/_peerstats.py``),
@@ -35,7 +35,10 @@ import psycopg
 
 from bench import _harness as h
 from bench._common import fresh_pg_database
+from postlane.worker.runner import WorkerConfig
 
+_CONFIG = WorkerConfig()
+_DEFAULTS = f"defaults: concurrency {_CONFIG.concurrency}, batch {_CONFIG.batch_size}"
 PEERS_DIR = h.BENCH_DIR / "peers"
 PEERS_VENV = h.BENCH_DIR / ".venv-peers"
 PEERS_PY = PEERS_VENV / "bin" / "python"
@@ -169,9 +172,9 @@ def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
     return Result(
         "Postlane", backend,
         f"{procs} × `postlane worker --provider noop:// --drain"
-        + (f" {' '.join(extra)}`" if extra else "` (defaults: concurrency 100, batch 100)"),
+        + (f" {' '.join(extra)}`" if extra else f"` ({_DEFAULTS})"),
         jobs, enqueue_s, "`Store.enqueue_many`, 5,000 per call"
-        + (" (COPY into a staging table)" if backend == "PostgreSQL" else ""),
+        + (" (COPY)" if backend == "PostgreSQL" else ""),
         float(last) - float(first), float(last) - launched, ok, note,
         int(sent) if capped else None)
 
