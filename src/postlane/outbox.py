@@ -17,7 +17,7 @@ from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import Limits, validate
-from postlane.errors import StoreError, UnsupportedConnection
+from postlane.errors import UnsupportedConnection
 from postlane.store import postgres as pg
 from postlane.store import sqlite as sq
 
@@ -39,7 +39,7 @@ def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> 
     import psycopg
 
     if isinstance(raw, psycopg.Connection):
-        return _enqueue_psycopg_sync(raw, message)
+        return pg.enqueue_on_sync_connection(raw, message)
     if isinstance(raw, psycopg.AsyncConnection):
         raise UnsupportedConnection("an async psycopg connection needs `await enqueue_async(...)`")
     raise UnsupportedConnection(
@@ -60,7 +60,7 @@ def enqueue_many(
     import psycopg
 
     if isinstance(raw, psycopg.Connection):
-        return _enqueue_many_psycopg_sync(raw, messages)
+        return pg.enqueue_many_on_sync_connection(raw, messages)
     raise UnsupportedConnection(
         f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}"
     )
@@ -97,36 +97,3 @@ def _driver_connection(conn: Any) -> Any:
         connection = conn.connection() if hasattr(conn, "get_bind") else conn  # Session
         return connection.connection.driver_connection
     return conn
-
-
-def _enqueue_psycopg_sync(conn: Any, message: Message) -> EnqueueResult:
-    with conn.cursor() as cur:
-        for _ in range(3):
-            cur.execute(pg.INSERT_ONE, pg.message_params(message))
-            row = cur.fetchone()
-            if row:
-                return EnqueueResult(row[0], message.key, created=True)
-            cur.execute(pg.SELECT_ID_BY_KEY, (message.key,))
-            row = cur.fetchone()
-            if row:
-                return EnqueueResult(row[0], message.key, created=False)
-    raise StoreError(
-        f"key {message.key!r} conflicts with a row this transaction cannot see "
-        "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
-    )
-
-
-def _enqueue_many_psycopg_sync(conn: Any, messages: Sequence[Message]) -> list[EnqueueResult]:
-    """Pipelined inserts (one round trip for the batch); the async form uses COPY."""
-    inserted: list[int | None] = []
-    with conn.cursor() as cur:
-        cur.executemany(pg.INSERT_ONE, [pg.message_params(m) for m in messages], returning=True)
-        for _ in messages:
-            row = cur.fetchone()
-            inserted.append(row[0] if row else None)
-            cur.nextset()
-    return [
-        EnqueueResult(id_, m.key, created=True) if id_ is not None
-        else _enqueue_psycopg_sync(conn, m)
-        for id_, m in zip(inserted, messages, strict=True)
-    ]

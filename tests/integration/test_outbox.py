@@ -484,6 +484,41 @@ async def test_concurrent_enqueue_many_overlapping_keys(pg_store: Store) -> None
         assert [e.kind for e in await pg_store.timeline(d.id)] == ["enqueued"]
 
 
+@pytest.mark.parametrize("driver", ["sync", "async"])
+async def test_bulk_enqueues_sharing_keys_in_opposite_orders_never_deadlock(
+    pg_store: Store, driver: str
+) -> None:
+    """Two transactions enqueue the same 300 keys at the same moment, in opposite orders.
+    Taken in input order, each would hold keys the other waits for: a deadlock, which
+    PostgreSQL breaks by failing one of them. Both ways take the keys in one order."""
+    url = pg_store.url  # type: ignore[attr-defined]
+    keys = [f"overlap:{i:03d}" for i in range(300)]
+    for round_ in range(3):
+        batches = [[msg(f"{k}:{round_}") for k in keys],
+                   [msg(f"{k}:{round_}") for k in reversed(keys)]]
+        if driver == "sync":
+            barrier = threading.Barrier(2)
+
+            def run(batch: list[Any], barrier: threading.Barrier = barrier
+                    ) -> list[EnqueueResult]:
+                with psycopg.connect(url) as conn:
+                    conn.execute("SELECT 1")
+                    barrier.wait()
+                    return postlane.enqueue_many(conn, batch)
+
+            results = await asyncio.gather(*(asyncio.to_thread(run, b) for b in batches))
+        else:
+            async def run_async(batch: list[Any]) -> list[EnqueueResult]:
+                async with await psycopg.AsyncConnection.connect(url) as conn:
+                    return await postlane.enqueue_many_async(conn, batch)
+
+            results = await asyncio.gather(*(run_async(b) for b in batches))
+        first, second = ({r.key: r for r in rs} for rs in results)
+        assert {k: r.id for k, r in first.items()} == {k: r.id for k, r in second.items()}
+        assert all(first[k].created != second[k].created for k in first)
+    assert (await pg_store.stats()).states["pending"] == 900
+
+
 # -- the enqueue wakes workers only when it commits --------------------------------------
 async def test_outbox_commit_wakes_waiting_worker(pg_store: Store) -> None:
     await pg_store.wait_for_work(10)  # start the listener; it wakes once when in place

@@ -6,29 +6,25 @@ state, lease owner and claim number; lease times come from the database clock (`
 
 from __future__ import annotations
 
-from postlane.store.postgres._base import CHANNEL
 from postlane.store.postgres._claims import ClaimsMixin
 from postlane.store.postgres._http_api import HttpApiMixin
 from postlane.store.postgres._operating import OperatingMixin
 from postlane.store.postgres._producing import (
-    INSERT_ONE,
-    SELECT_ID_BY_KEY,
     ProducingMixin,
     enqueue_many_on_connection,
+    enqueue_many_on_sync_connection,
     enqueue_on_connection,
-    message_params,
+    enqueue_on_sync_connection,
 )
 from postlane.store.postgres._provider_events import ProviderEventsMixin
 from postlane.store.postgres._templates import TemplatesMixin
 
 __all__ = [
-    "CHANNEL",
-    "INSERT_ONE",
-    "SELECT_ID_BY_KEY",
     "PostgresStore",
     "enqueue_many_on_connection",
+    "enqueue_many_on_sync_connection",
     "enqueue_on_connection",
-    "message_params",
+    "enqueue_on_sync_connection",
 ]
 
 

@@ -82,6 +82,15 @@ _ENQUEUED_EVENTS = (
 )
 
 
+# The synchronous bulk form's insert: INSERT_ONE with an id reserved in input order.
+_INSERT_ONE_WITH_ID = INSERT_ONE.replace(
+    f"INSERT INTO postlane_deliveries ({_INSERT_COLS})\n    VALUES (",
+    f"INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE\n"
+    "    VALUES (%(id)s, ",
+)
+assert _INSERT_ONE_WITH_ID != INSERT_ONE
+
+
 def message_params(message: Message) -> dict[str, Any]:
     """Bind parameters of ``INSERT_ONE`` for a validated message."""
     return {
@@ -175,9 +184,7 @@ async def enqueue_many_on_connection(
     share keys then wait for each other's uncommitted keys in one order, never in a cycle.
     In input order they deadlocked (the enqueue stress test found it).
     """
-    first: dict[str, Message] = {}
-    for message in messages:
-        first.setdefault(message.key, message)
+    first = _first_by_key(messages)
     async with _atomic(conn), conn.cursor() as cur:
         # The first statement begins the caller's transaction if it has not begun yet, so
         # the savepoint below nests in it.
@@ -195,6 +202,14 @@ async def enqueue_many_on_connection(
         except psycopg.errors.UniqueViolation:
             created, existing = await _insert_or_find(cur, rows)
     return enqueue_results(messages, created, existing)
+
+
+def _first_by_key(messages: Sequence[Message]) -> dict[str, Message]:
+    """Each key's first message, in input order (a repeat is reported, never written)."""
+    first: dict[str, Message] = {}
+    for message in messages:
+        first.setdefault(message.key, message)
+    return first
 
 
 def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -232,3 +247,52 @@ async def _insert_or_find(
         existing = {key: id_ for id_, key in await cur.fetchall()}
     return created, existing
 
+
+# -- the same for a synchronous psycopg connection (the outbox's ``enqueue``) ------------------
+def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message) -> EnqueueResult:
+    """``enqueue_on_connection`` for a synchronous psycopg connection."""
+    with conn.cursor() as cur:
+        for _ in range(3):
+            cur.execute(INSERT_ONE, message_params(message))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=True)
+            cur.execute(SELECT_ID_BY_KEY, (message.key,))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=False)
+    raise StoreError(
+        f"key {message.key!r} conflicts with a row this transaction cannot see "
+        "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
+    )
+
+
+def enqueue_many_on_sync_connection(
+    conn: psycopg.Connection[Any], messages: Sequence[Message]
+) -> list[EnqueueResult]:
+    """The bulk form for a synchronous psycopg connection: pipelined insert-or-find (one
+    round trip for the batch), with ids reserved in input order and the keys taken in key
+    order, as :func:`enqueue_many_on_connection` does and for the same reason (two batches
+    sharing keys never wait for each other in a cycle)."""
+    first = _first_by_key(messages)
+    keys = sorted(first)
+    with conn.cursor() as cur:
+        cur.execute(_RESERVE_IDS, (len(first),))
+        row = cur.fetchone()
+        assert row is not None
+        ids = dict(zip(first, sorted(row[1]), strict=True))
+        cur.executemany(_INSERT_ONE_WITH_ID,
+                        [{**message_params(first[key]), "id": ids[key]} for key in keys],
+                        returning=True)
+        created: dict[str, int] = {}
+        for key in keys:
+            inserted = cur.fetchone()
+            if inserted:
+                created[key] = inserted[0]
+            cur.nextset()
+        missing = [key for key in keys if key not in created]
+        existing: dict[str, int] = {}
+        if missing:
+            cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
+            existing = {key: id_ for id_, key in cur.fetchall()}
+    return enqueue_results(messages, created, existing)
