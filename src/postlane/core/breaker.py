@@ -83,6 +83,14 @@ def opened(now: float, config: BreakerConfig, reason: str,
     return BreakerRecord("open", now + cooldown, cooldown, None, reason)
 
 
+def abandoned(record: BreakerRecord, now: float) -> BreakerRecord:
+    """Re-open after a probe that never reported (its worker died or stalled): due at once,
+    cool-down unchanged. A vanished prober says nothing about the provider; doubling here
+    would keep the fleet idle for a doubled cool-down (up to two minutes) on top of the
+    probe timeout whenever a worker is killed mid-probe."""
+    return BreakerRecord("open", now, record.cooldown_s, None, "probe abandoned")
+
+
 def probing(record: BreakerRecord, now: float, owner: str,
             config: BreakerConfig) -> BreakerRecord:
     return BreakerRecord("half_open", now + config.probe_timeout_s, record.cooldown_s, owner,

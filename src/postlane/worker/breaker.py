@@ -18,6 +18,7 @@ from postlane.core.breaker import (
     BreakerConfig,
     BreakerRecord,
     FailureWindow,
+    abandoned,
     opened,
     probing,
 )
@@ -85,7 +86,7 @@ class FleetBreaker:
             assert self.control is not None
             await self.store.compare_and_set_control(
                 self.name, self.control.version,
-                opened(now, self.config, "probe abandoned", record).as_json(),
+                abandoned(record, now).as_json(),
             )
             await self._reload()
         return False, False
