@@ -246,6 +246,37 @@ async def test_a_failed_probe_reopens_with_a_doubled_cooldown() -> None:
     assert await b.may_claim() == (True, True)
 
 
+async def test_a_probe_closes_on_its_first_accepted_delivery() -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    await open_breaker(controls, clock, b)
+    clock.now += CONFIG.cooldown_s + 0.1
+    assert await b.may_claim() == (True, True)
+    b.probe_claimed([_delivery(7), _delivery(8), _delivery(9)])
+    # One delivery of the probe timing out proves nothing while the others are out.
+    await b.observe(Outcome.ambiguous("no answer within 2s"), PENDING, 7)
+    assert BreakerRecord.from_json(controls.rows[NAME].value).state == "half_open"
+    await b.observe(Outcome.accepted("x"), SENT, 8)
+    assert NAME not in controls.rows  # closed
+    await b.observe(Outcome.transient("503"), PENDING, 9)  # a straggler: stays closed
+    assert NAME not in controls.rows
+
+
+async def test_a_probe_reopens_only_when_every_delivery_failed() -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    await open_breaker(controls, clock, b)
+    clock.now += CONFIG.cooldown_s + 0.1
+    assert await b.may_claim() == (True, True)
+    b.probe_claimed([_delivery(7), _delivery(8), _delivery(9)])
+    for id_ in (7, 8):
+        await b.observe(Outcome.transient("503"), PENDING, id_)
+        assert BreakerRecord.from_json(controls.rows[NAME].value).state == "half_open"
+    await b.observe(Outcome.transient("503"), PENDING, 9)
+    record = BreakerRecord.from_json(controls.rows[NAME].value)
+    assert (record.state, record.cooldown_s) == ("open", 2 * CONFIG.cooldown_s)
+
+
 async def test_an_empty_probe_lets_another_lane_probe() -> None:
     controls, clock = Controls(), Clock()
     b = breaker(controls, clock)

@@ -22,6 +22,11 @@ class BreakerConfig:
     cooldown_s: float = 5.0
     max_cooldown_s: float = 120.0
     probe_timeout_s: float = 30.0
+    probes: int = 3
+    """Deliveries sent as one probe: the first accepted closes the breaker, all of them
+    failing re-opens it. One alone is a noisy test: a healthy provider that times out 5 % of
+    sends failed it one time in twenty and doubled the cool-down (an 80 s pause in the chaos
+    run after the outage had ended)."""
 
 
 class FailureWindow:

@@ -3,8 +3,8 @@
 Closed (no record): claims as usual; each worker watches its own recent outcomes and opens
 the breaker for the whole fleet when failures look provider-wide. Open: nobody claims, so
 messages wait in ``pending`` with their attempts untouched. After the cool-down one worker
-wins a compare-and-set to ``half_open`` and sends a single probe; its outcome closes the
-breaker or re-opens it with a doubled cool-down.
+wins a compare-and-set to ``half_open`` and sends one probe of a few deliveries: the first
+accepted closes the breaker; all of them failing re-opens it with a doubled cool-down.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class FleetBreaker:
         self.window = FailureWindow(config)
         self.control: Control | None = None
         self._probe_token = False
-        self._probe_id: int | None = None
+        self._probe_ids: set[int] = set()
 
     @property
     def record(self) -> BreakerRecord | None:
@@ -81,8 +81,8 @@ class FleetBreaker:
         if record.probe_owner == self.owner and self._probe_token:
             self._probe_token = False
             return True, True
-        if now > record.until and self._probe_id is None:
-            # The prober vanished; re-open so someone probes again after a cool-down.
+        if now > record.until and not self._probe_ids:
+            # The prober vanished; re-open so that someone probes again at once.
             assert self.control is not None
             await self.store.compare_and_set_control(
                 self.name, self.control.version,
@@ -93,7 +93,7 @@ class FleetBreaker:
 
     def probe_claimed(self, batch: Sequence[Delivery]) -> None:
         if batch:
-            self._probe_id = batch[0].id
+            self._probe_ids = {d.id for d in batch}
         else:
             self._probe_token = True  # this lane had nothing; let another lane probe
 
@@ -102,9 +102,13 @@ class FleetBreaker:
         failed = (outcome.kind in (OutcomeClass.TRANSIENT, OutcomeClass.AMBIGUOUS)
                   or decision.state is State.DEAD)
         now = self.clock()
-        if delivery_id is not None and delivery_id == self._probe_id:
-            self._probe_id = None
-            await self._probe_finished(now, failed)
+        if delivery_id is not None and delivery_id in self._probe_ids:
+            self._probe_ids.discard(delivery_id)
+            if not failed:
+                self._probe_ids.clear()  # the rest of the probe are stragglers now
+                await self._probe_finished(now, failed=False)
+            elif not self._probe_ids:  # every delivery of the probe failed
+                await self._probe_finished(now, failed=True)
             return
         if self.control is not None:
             return  # already open or probing: outcomes of stragglers do not count

@@ -249,7 +249,8 @@ class Worker:
             wakeup.clear()
             await _wait(wakeup, self.config.controls_interval_s)
             return
-        capacity = 1 if probe else self._capacity(lane)
+        capacity = (max(1, min(self.config.breaker.probes, self._capacity(lane))) if probe
+                    else self._capacity(lane))
         if capacity <= 0:
             self._slot_freed.clear()
             await _wait(self._slot_freed, self.config.poll_interval_s)
