@@ -9,6 +9,7 @@ guard, River-style: a worker can only move a delivery it holds, and only out of
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -647,6 +648,12 @@ def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
                 waiting_retry += int(count)
             oldest = max(oldest, float(age or 0.0))
     return ImportCounts(states, waiting_retry, max(0.0, oldest))
+
+
+def json_text(value: Mapping[str, Any]) -> str:
+    """Headers or metadata as the JSON text both engines store; most are empty, and
+    ``"{}"`` costs nothing to write on the bulk path."""
+    return json.dumps(dict(value)) if value else "{}"
 
 
 def enqueue_results(

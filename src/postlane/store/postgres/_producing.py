@@ -4,8 +4,7 @@ transaction a caller's connection is in (the outbox)."""
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,7 +15,7 @@ from psycopg.types.json import Jsonb
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results
+from postlane.store.base import enqueue_results, json_text
 from postlane.store.postgres._base import PostgresBase
 
 _INSERT_COLS = (
@@ -113,15 +112,11 @@ def message_params(message: Message) -> dict[str, Any]:
     }
 
 
-def _json(value: Mapping[str, Any]) -> str:
-    return json.dumps(dict(value)) if value else "{}"
-
-
 def _row(id_: int, m: Message, now: datetime) -> tuple[Any, ...]:
     """A row of ``_ROW_COLS``; ``now`` is the transaction's ``now()``."""
     return (
         id_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
-        _json(m.headers), _json(m.metadata), m.import_id, m.template_id,
+        json_text(m.headers), json_text(m.metadata), m.import_id, m.template_id,
         m.template_version, now + m.delay if m.delay else now,
         m.expires_at or (now + m.expires_in if m.expires_in else None),
     )

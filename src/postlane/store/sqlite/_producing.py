@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results
+from postlane.store.base import enqueue_results, json_text
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
 
 INSERT_ONE = f"""
@@ -36,8 +36,8 @@ def message_params(message: Message) -> dict[str, Any]:
         "subject": message.subject,
         "text": message.text,
         "html": message.html,
-        "headers": json.dumps(dict(message.headers)),
-        "metadata": json.dumps(dict(message.metadata)),
+        "headers": json_text(message.headers),
+        "metadata": json_text(message.metadata),
         "import_id": message.import_id,
         "template_id": message.template_id,
         "template_version": message.template_version,
@@ -83,14 +83,10 @@ _IDS_BY_KEYS = (
 )
 
 
-def _json_map(value: Mapping[str, Any]) -> str:
-    return json.dumps(dict(value)) if value else "{}"
-
-
 def _batch_row(m: Message) -> tuple[Any, ...]:
     return (
         m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
-        _json_map(m.headers), _json_map(m.metadata), m.import_id, m.template_id,
+        json_text(m.headers), json_text(m.metadata), m.import_id, m.template_id,
         m.template_version, m.delay.total_seconds() if m.delay else 0.0,
         m.expires_at.timestamp() if m.expires_at else None,
         m.expires_in.total_seconds() if m.expires_in else None,
