@@ -246,7 +246,7 @@ async def test_a_failed_probe_reopens_with_a_doubled_cooldown() -> None:
     assert await b.may_claim() == (True, True)
 
 
-async def probing(ids: list[int]) -> tuple[Controls, FleetBreaker]:
+async def claimed_probe(ids: list[int]) -> tuple[Controls, FleetBreaker]:
     """An open breaker past its cool-down whose worker claimed ``ids`` as the probe."""
     controls, clock = Controls(), Clock()
     b = breaker(controls, clock)
@@ -258,7 +258,7 @@ async def probing(ids: list[int]) -> tuple[Controls, FleetBreaker]:
 
 
 async def test_a_probe_closes_on_its_first_accepted_delivery() -> None:
-    controls, b = await probing([7, 8, 9])
+    controls, b = await claimed_probe([7, 8, 9])
     # One delivery of the probe timing out proves nothing while the others are out.
     await b.observe(Outcome.ambiguous("no answer within 2s"), PENDING, 7)
     assert BreakerRecord.from_json(controls.rows[NAME].value).state == "half_open"
@@ -269,7 +269,7 @@ async def test_a_probe_closes_on_its_first_accepted_delivery() -> None:
 
 
 async def test_a_probe_reopens_only_when_every_delivery_failed() -> None:
-    controls, b = await probing([7, 8, 9])
+    controls, b = await claimed_probe([7, 8, 9])
     for id_ in (7, 8):
         await b.observe(Outcome.transient("503"), PENDING, id_)
         assert BreakerRecord.from_json(controls.rows[NAME].value).state == "half_open"
