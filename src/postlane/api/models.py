@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
+from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
 from postlane.store.base import DeadLetter, Event
 
@@ -18,29 +19,19 @@ MAX_SECONDS = 10 * 365 * 86400.0
 
 
 def check_text(value: str) -> str:
-    """Refuse what no database column can hold: NUL characters and lone surrogates."""
-    if "\x00" in value:
-        raise ValueError("contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (a lone surrogate)") from None
+    """Refuse what no database column can hold (``postlane.core.validation.text_problem``)."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 def check_json(value: Any) -> Any:
-    """``check_text`` on every string of a JSON value, and no NaN or infinity."""
-    if isinstance(value, str):
-        check_text(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_text(str(key))
-            check_json(item)
-    elif isinstance(value, list):
-        for item in value:
-            check_json(item)
-    elif isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        raise ValueError("NaN and infinity are not JSON")
+    """Refuse a JSON value the store cannot keep alike on both engines, or nested deeper
+    than ``MAX_METADATA_DEPTH``: run before pydantic or the request hash walk into it."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -58,7 +49,7 @@ def iso_time(value: Any) -> Any:
 
 Text = Annotated[str, AfterValidator(check_text)]
 IsoTime = Annotated[AwareDatetime, BeforeValidator(iso_time)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
+JsonObject = Annotated[dict[str, Any], BeforeValidator(check_json)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
