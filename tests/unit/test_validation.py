@@ -54,7 +54,6 @@ def message(**overrides: Any) -> Message:
         '"with\\"escape"@example.com',
         "user@[192.0.2.1]",
         "user@[IPv6:2001:db8::1]",
-        "user@example.com.",  # a fully qualified name with its root dot
         "a" * 64 + "@example.com",
         "user@" + ".".join(["a" * 63] * 3) + ".com",
     ],
@@ -92,6 +91,7 @@ def test_valid_addresses(address: str) -> None:
         ("alice@example.123", "numeric top-level label"),
         ("alice@192.168.0.1", "numeric top-level label"),
         ("Alice <alice@example.com>", "whitespace"),
+        ("alice@example.com.", "ends with a dot"),  # the email package reads no address
     ],
 )
 def test_invalid_addresses(address: str, why: str) -> None:
@@ -259,6 +259,9 @@ def test_good_keys(key: str) -> None:
         ("reset:\x001", "control characters"),
         ("reset:\x7f", "control characters"),
         ("\ttab", "control characters"),
+        ("reset:\x850", "control characters"),  # NEL: the key travels in a header
+        ("reset:\u20281", "control characters"),
+        ("reset:\x9f", "control characters"),
     ],
 )
 def test_bad_keys(key: str, why: str) -> None:

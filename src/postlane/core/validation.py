@@ -38,7 +38,8 @@ _HEADER_NAME = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")  # printable ASCII except 
 _PHONE = re.compile(r"^\+[1-9]\d{6,14}$")  # E.164
 # Checked once per message at enqueue, a hot path for bulk imports: regular expressions
 # (C loops) rather than Python loops over characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls, and the two Unicode line separators: the key travels in a header.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _WHITESPACE_OR_CONTROL = re.compile(r"[\r\n\t\0 ]")
 
 
@@ -69,7 +70,12 @@ def check_address(address: str, *, field: str = "to") -> None:
         raise InvalidAddress(f"{field}: local part is not valid", field=field)
     if _ADDRESS_LITERAL.match(domain):
         return
-    labels = domain.rstrip(".").split(".")
+    if domain.endswith("."):
+        # DNS's root dot has no place in an address: RFC 5321 and 5322 refuse it, and
+        # Python's email package parses ``To: a@example.com.`` as no address at all.
+        raise InvalidAddress(f"{field}: domain {domain!r} ends with a dot; drop it",
+                             field=field)
+    labels = domain.split(".")
     if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
         raise InvalidAddress(f"{field}: domain {domain!r} is not a valid host name", field=field)
     if labels[-1].isdigit():
@@ -87,6 +93,8 @@ def check_header(name: str, value: str) -> None:
         raise InvalidHeader(f"header {name!r} contains a line break ({LINE_BREAK_NAMES}) "
                             "or NUL", field="headers")
     check_header_name(name)
+    if _ENCODED_WORD.search(value):
+        raise InvalidHeader(f"header {name!r} {ENCODED_WORD_PROBLEM}", field="headers")
     check_text(value, field="headers")
 
 
@@ -99,6 +107,8 @@ def check_key(key: str) -> None:
                          field="key")
     if _CONTROL.search(key):
         raise InvalidKey("idempotency key contains control characters", field="key")
+    if _ENCODED_WORD.search(key):
+        raise InvalidKey(f"idempotency key {ENCODED_WORD_PROBLEM}", field="key")
 
 
 def validate(message: Message, limits: Limits = Limits()) -> None:
@@ -151,6 +161,12 @@ LINE_BREAK_NAMES = "CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029"
 _LINE_BREAK = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 # PostgreSQL refuses NUL in text and jsonb; a lone surrogate has no UTF-8 form at all.
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+# RFC 2047 encoded-word syntax. Python's email package decodes it in any header value it is
+# handed, even inside a word: ``=?utf-8?q?x?=`` goes out as ``x`` over SMTP and SES but
+# verbatim through the JSON APIs, so what the recipient reads would depend on the adapter.
+_ENCODED_WORD = re.compile(r"=\?[^?]*\?[bBqQ]\?[^?]*\?=")
+ENCODED_WORD_PROBLEM = ("contains RFC 2047 encoded-word syntax (=?charset?q?...?=); give the "
+                        "text itself: it is encoded on the way out")
 
 RESERVED_HEADERS = frozenset({
     "message-id", "content-type", "mime-version", "content-transfer-encoding",
@@ -194,6 +210,8 @@ def check_subject(subject: str) -> None:
     if _LINE_BREAK.search(subject):
         raise InvalidHeader(f"subject contains a line break ({LINE_BREAK_NAMES})",
                             field="subject")
+    if _ENCODED_WORD.search(subject):
+        raise InvalidHeader(f"subject {ENCODED_WORD_PROBLEM}", field="subject")
     check_text(subject, field="subject")
 
 
@@ -258,8 +276,8 @@ def check_metadata(metadata: Mapping[str, Any]) -> None:
 def check_storable(message: Message) -> None:
     """Every text a delivery row keeps must be storable on both engines and sendable."""
     check_text(message.key, field="key")
-    for field, value in (("subject", message.subject), ("text", message.text), ("html", message.html),
-                         ("import_id", message.import_id),
+    for field, value in (("subject", message.subject), ("text", message.text),
+                         ("html", message.html), ("import_id", message.import_id),
                          ("template_id", message.template_id)):
         if value is not None:
             check_text(value, field=field)
