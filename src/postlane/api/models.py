@@ -70,11 +70,16 @@ class MessageIn(Strict):
     lane: Text = Field(default="interactive", min_length=1, max_length=100,
                        description="A configured lane: interactive or bulk by default.")
     sender: Text | None = Field(default=None, max_length=320, description="The From address.")
-    headers: dict[Text, Text] = Field(default_factory=dict,
-                                      description="Extra headers (no CR or LF).")
+    headers: dict[Text, Text] = Field(
+        default_factory=dict,
+        description="Extra headers, one line each (no line break of any kind). Not those "
+                    "Postlane sets (Message-ID, Content-Type, MIME-Version, "
+                    "Content-Transfer-Encoding, X-Postlane-*) or a field owns (To, Cc, Bcc, "
+                    "From, Sender, Subject).")
     metadata: JsonObject = Field(default_factory=dict,
                                  description="Yours: kept with the delivery, passed to "
-                                             "providers that take metadata.")
+                                             "providers that take metadata. At most 32 "
+                                             "levels deep (the object itself is one).")
     channel: Literal["email", "sms"] = "email"
     import_id: Text | None = Field(default=None, min_length=1, max_length=200)
     expires_at: IsoTime | None = Field(
