@@ -25,11 +25,13 @@ from postlane.cli.main import app as cli_app
 from postlane.core.validation import MAX_METADATA_DEPTH
 from postlane.errors import InvalidHeader, InvalidText, TemplateError
 from postlane.providers.testing import RecordingProvider
+from postlane.store import Store
 from postlane.templates import add_template, enqueue_template
-from postlane.webhooks import sign_standard
+from postlane.webhooks import WebhookConfig, WebhookMalformed, receive, sign_standard
 from tests.integration.test_api import Api, api, body, problem  # noqa: F401  (the fixture)
 from tests.integration.test_api_webhooks import SECRET, secret  # noqa: F401  (the fixture)
 from tests.integration.test_dead_letters import kill_all
+from tests.integration.test_webhooks import fetch, sns_body
 
 BREAKS = ["\r", "\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -266,3 +268,21 @@ async def test_dashboard_forms_with_a_nul_are_400_and_change_nothing(api: Api) -
     paused = await api.client.post("/dashboard/imports/im%00p/pause", data={"csrf": token})
     assert paused.status_code == 400
     assert not any("\0" in name for name in await api.store.get_controls())
+
+
+async def test_a_signed_ses_event_that_cannot_be_stored_is_malformed(store: Store,
+                                                                     side: SideDB) -> None:
+    config = WebhookConfig(fetch_cert=fetch)
+    deep: Any = "x"
+    for _ in range(100):
+        deep = [deep]
+    for event, why in [
+        ({"eventType": "Delivery", "mail": {"messageId": "m\0", "destination": ["a@b.c"]}},
+         "NUL"),
+        ({"eventType": "Bounce", "mail": {"messageId": "m", "destination": ["\ud800@b.c"]}},
+         "lone surrogate"),
+        ({"eventType": "Delivery", "mail": {"messageId": "m", "tags": deep}}, "deeper than"),
+    ]:
+        with pytest.raises(WebhookMalformed, match=why):
+            await receive(store, "ses", {}, sns_body(event), config)
+    assert side.count("postlane_provider_events") == 0
