@@ -174,6 +174,14 @@ def test_headers_a_field_owns_are_refused(name: str, owner: str) -> None:
         validate(message(headers={name: "victim@example.com"}))
 
 
+@pytest.mark.parametrize("brk", BREAKS)
+@pytest.mark.parametrize("field", ["to", "sender"])
+def test_addresses_with_any_line_break_are_refused(field: str, brk: str) -> None:
+    with pytest.raises(InvalidAddress) as info:
+        validate(message(**{field: f"alice{brk}@example.com"}))
+    assert info.value.field == field
+
+
 def test_display_names_and_odd_unicode_in_headers_pass() -> None:
     validate(message(headers={"Reply-To": '"Zoë Ünïcode, Ph.D." <zoe@example.com>',
                               "X-Emoji": "📨 \u00a0 tab\tinside"},
