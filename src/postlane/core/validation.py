@@ -158,7 +158,7 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
 # SEPARATOR too. Any of them in a subject or a header value starts a new header line.
 LINE_BREAKS = "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 LINE_BREAK_NAMES = "CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029"
-_LINE_BREAK = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+_LINE_BREAK = re.compile(f"[{re.escape(LINE_BREAKS)}]")
 # PostgreSQL refuses NUL in text and jsonb; a lone surrogate has no UTF-8 form at all.
 _UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
 # RFC 2047 encoded-word syntax. Python's email package decodes it in any header value it is
