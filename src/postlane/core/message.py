@@ -107,6 +107,18 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableDelivery(Delivery):
+    """A row the store could not read back into a ``Delivery`` (a time past year 9999, a
+    header that is not text...): a poison delivery. The columns that could not be read hold
+    placeholders (no time: None, or the epoch; no headers: ``{}``), so it can travel where a
+    delivery does without failing the others read with it; the worker dead-letters it
+    unsent (``handler_error``), and readers show ``unreadable``."""
+
+    unreadable: str
+    """Which columns could not be read and why, each error verbatim."""
+
+
+@dataclass(frozen=True, slots=True)
 class EnqueueResult:
     """What ``enqueue`` returns: the delivery id, and whether this call created it."""
 

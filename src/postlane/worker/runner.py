@@ -50,6 +50,7 @@ from postlane.providers.base import Provider
 from postlane.store.base import Claim, Store, Transition
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.controls import FleetControls
+from postlane.worker.poison import unreadable_decision
 
 log = logging.getLogger("postlane.worker")
 
@@ -309,10 +310,11 @@ class Worker:
         now = datetime.now(UTC)
         to_send = []
         for delivery in batch:
-            expired = expire_if_useless(delivery, now, config)
-            if expired is not None:
+            unsendable = (unreadable_decision(delivery)
+                          or expire_if_useless(delivery, now, config))
+            if unsendable is not None:
                 pending.pop(delivery.id)
-                self._report(delivery, expired, release=True)
+                self._report(delivery, unsendable, release=True)
             else:
                 to_send.append(delivery)
         suppressed = await self.store.suppressed_among(to_send)

@@ -20,6 +20,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreError
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
 
@@ -174,13 +175,32 @@ def _iso(value: float | None) -> str | None:
     return None if value is None else _dt(value).isoformat()
 
 
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    **{column: _opt_dt for column in _TIME_COLUMNS},
+    "run_at": _dt, "created_at": _dt, "updated_at": _dt,
+    "headers": json.loads, "metadata": json.loads, "state": State,
+}
+
+
 def _delivery(row: Sequence[Any]) -> Delivery:
+    """The row as a ``Delivery``, or, when it cannot be read, as an ``UnreadableDelivery``
+    (see ``postlane.store.unreadable``) rather than an error that fails its whole batch."""
+    try:
+        return _decode(row)
+    except Exception as exc:
+        return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, exc)
+
+
+def _decode(row: Sequence[Any]) -> Delivery:
     v = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+    headers, metadata = json.loads(v["headers"]), json.loads(v["metadata"])
+    check_headers(headers)
+    check_metadata(metadata)
     return Delivery(
         id=v["id"], key=v["idempotency_key"], lane=v["lane"], channel=v["channel"],
         recipient=v["recipient"], sender=v["sender"], subject=v["subject"],
-        text=v["text_body"], html=v["html_body"], headers=json.loads(v["headers"]),
-        metadata=json.loads(v["metadata"]), import_id=v["import_id"],
+        text=v["text_body"], html=v["html_body"], headers=headers,
+        metadata=metadata, import_id=v["import_id"],
         template_id=v["template_id"], template_version=v["template_version"],
         state=State(v["state"]), attempts=v["attempts"], claims=v["claims"],
         run_at=_dt(v["run_at"]), expires_at=_opt_dt(v["expires_at"]),

@@ -177,11 +177,7 @@ class ClaimsMixin(SQLiteBase):
     def _write_dead_letter(self, conn: sqlite3.Connection, row: Sequence[Any],
                            reason: str) -> None:
         values = dict(zip(DELIVERY_COLUMNS, row, strict=True))
-        snapshot = {
-            k: (_iso(v) if k in _TIME_COLUMNS else v) for k, v in values.items()
-        }
-        snapshot["headers"] = json.loads(values["headers"])
-        snapshot["metadata"] = json.loads(values["metadata"])
+        snapshot = {k: _kept(k, v) for k, v in values.items()}
         history = [
             {**json.loads(data), "at": _iso(at)}
             for data, at in conn.execute(
@@ -241,3 +237,17 @@ class ClaimsMixin(SQLiteBase):
                     ))
             return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
         return await self._run(_rescue)
+
+
+def _kept(column: str, value: Any) -> Any:
+    """A column as a dead-letter snapshot keeps it. One that cannot be read (a poison
+    row's time past year 9999, its broken JSON) is kept as stored: its entry is written
+    all the same, and the acknowledgements written with it are not held up."""
+    try:
+        if column in _TIME_COLUMNS:
+            return _iso(value)
+        if column in ("headers", "metadata"):
+            return json.loads(value)
+    except (ValueError, TypeError, OverflowError):
+        return value
+    return value
