@@ -1,0 +1,232 @@
+"""A poison delivery never stalls its lane (design contract 13), on both engines.
+
+Issue 19: one ``POST /v1/messages`` with ``expires_at`` ``9999-12-31T23:59:59-05:00`` was
+stored (year 10000 in UTC), could not be read back ("timestamp too large" from psycopg,
+"year 10000 is out of range" on SQLite), answered 500 to every later read, and the worker
+re-claimed the batch holding it forever. Now such a time is refused at every enqueue path;
+and a row that cannot be read all the same (written by hand or by an older Postlane) is
+dead-lettered on its own, ``handler_error`` with the error verbatim, while the rest of its
+batch is sent.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import SideDB, msg, sqlite_path, store_url
+from test_api import Api, api, body, problem  # noqa: F401  (the api fixture)
+from test_provider_smtp import Handler, smtp_server
+from typer.testing import CliRunner
+from worker_helpers import Provider, all_terminal, fast_config, running
+
+import postlane
+from postlane import DeadReason, InvalidTime, State
+from postlane.cli.main import app as cli_app
+from postlane.core.message import UnreadableDelivery
+from postlane.core.validation import EARLIEST_TIME, LATEST_TIME
+from postlane.providers.smtp import SMTPProvider
+from postlane.store import Store
+from postlane.store.base import DeadLetterFilter
+from postlane.templates import add_template, enqueue_template
+from postlane.worker import Worker
+
+ISSUE_EXPIRY = datetime.fromisoformat("9999-12-31T23:59:59-05:00")
+
+
+async def nothing_stored(store: Store) -> bool:
+    return (await store.stats()).states.get("pending", 0) == 0
+
+
+# -- refused at enqueue ------------------------------------------------------------------
+async def test_the_issues_expiry_is_refused_by_the_store(store: Store) -> None:
+    with pytest.raises(InvalidTime, match="out of range") as info:
+        await store.enqueue(msg("poison:1", expires_at=ISSUE_EXPIRY))
+    assert info.value.field == "expires_at"
+    with pytest.raises(InvalidTime):
+        await store.enqueue_many([msg("good:1"), msg("poison:2", expires_at=ISSUE_EXPIRY)])
+    for span in ("expires_in", "delay"):
+        with pytest.raises(InvalidTime, match=span) as info:
+            await store.enqueue(msg(f"poison:{span}", **{span: timedelta(days=9_000_000)}))
+        assert info.value.field == span
+    assert await nothing_stored(store)
+
+
+async def test_the_issues_expiry_is_refused_by_the_outbox(store: Store) -> None:
+    url = store_url(store)
+    if store.engine == "sqlite":
+        conn: Any = sqlite3.connect(sqlite_path(url))
+    else:
+        conn = psycopg.connect(url)
+    try:
+        with pytest.raises(InvalidTime):
+            postlane.enqueue(conn, msg("poison:1", expires_at=ISSUE_EXPIRY))
+        with pytest.raises(InvalidTime):
+            postlane.enqueue_many(conn, [msg("good:1"), msg("poison:2", expires_at=ISSUE_EXPIRY)])
+        conn.commit()
+    finally:
+        conn.close()
+    if store.engine == "postgres":
+        async with await psycopg.AsyncConnection.connect(url) as aconn:
+            with pytest.raises(InvalidTime):
+                await postlane.enqueue_async(aconn, msg("poison:3", expires_at=ISSUE_EXPIRY))
+            with pytest.raises(InvalidTime):
+                await postlane.enqueue_many_async(
+                    aconn, [msg("poison:4", delay=timedelta(days=9_000_000))])
+    assert await nothing_stored(store)
+
+
+async def test_the_issues_expiry_is_refused_with_a_template(store: Store) -> None:
+    await add_template(store, "reset", subject="Reset", text="Hi {{ name }}")
+    with pytest.raises(InvalidTime) as info:
+        await enqueue_template(store, "reset", {"name": "Ada"}, key="poison:1",
+                               to="ada@example.com", expires_at=ISSUE_EXPIRY)
+    assert info.value.field == "expires_at"
+    assert await nothing_stored(store)
+
+
+async def test_the_issues_post_is_answered_422_naming_the_field(api: Api) -> None:
+    response = await api.send("poison:1", body(expires_at="9999-12-31T23:59:59-05:00"))
+    data = problem(response, 422)
+    assert data["field"] == "expires_at" and "out of range" in data["detail"]
+    naive = await api.send("poison:2", body(expires_at="2030-01-01T12:00:00"))
+    assert problem(naive, 422)["errors"][0]["location"] == "body.expires_at"
+    assert await nothing_stored(api.store)
+
+
+def test_the_cli_refuses_an_expiry_window_past_year_9999(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    runner = CliRunner()
+    assert runner.invoke(cli_app, ["--db", url, "migrate"]).exit_code == 0
+    for window in ("9000000d", "99999999999d"):
+        result = runner.invoke(cli_app, ["--db", url, "enqueue", "--to", "a@example.com",
+                                         "--key", "poison:1", "--text", "t",
+                                         "--expires-in", window])
+        assert result.exit_code != 0, result.output
+        assert "expires" in result.output and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize("when", [
+    EARLIEST_TIME,
+    EARLIEST_TIME.astimezone(timezone(timedelta(hours=-14))),
+    LATEST_TIME - timedelta(microseconds=1),
+    (LATEST_TIME - timedelta(microseconds=1)).astimezone(timezone(timedelta(hours=14))),
+])
+async def test_the_extreme_times_accepted_are_read_back_and_claimed(
+        store: Store, when: datetime) -> None:
+    """Every time accepted round-trips through both engines (SQLite keeps epoch seconds in a
+    REAL: microseconds may round, the year may not)."""
+    created = await store.enqueue(msg("edge:1", expires_at=when))
+    got = await store.get(created.id)
+    assert got is not None and not isinstance(got, UnreadableDelivery)
+    assert got.expires_at is not None
+    assert abs(got.expires_at - when) < timedelta(milliseconds=1)
+    claimed = await store.claim_batch("interactive", 10, "w", timedelta(seconds=30))
+    assert [type(d) for d in claimed] == [type(got)]
+
+
+@pytest.mark.parametrize("when", [
+    EARLIEST_TIME - timedelta(microseconds=1),
+    datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),  # year 0 in UTC
+    LATEST_TIME,
+    ISSUE_EXPIRY,
+    datetime.max.replace(tzinfo=UTC),
+])
+async def test_times_past_the_range_are_refused(store: Store, when: datetime) -> None:
+    with pytest.raises(InvalidTime):
+        await store.enqueue(msg("edge:1", expires_at=when))
+
+
+# -- unreadable rows: dead letters of their own, the rest sent ----------------------------
+def _poison_sql(engine: str) -> dict[str, tuple[str, str]]:
+    """key -> (SET clause that breaks the row, the error its read gives, verbatim)."""
+    if engine == "postgres":
+        return {
+            "poison:issue": ("expires_at = '10000-01-01T04:59:59Z'",
+                             "timestamp too large (after year 10K): '10000-01-01 04:59:59+00'"),
+            "poison:infinity": ("expires_at = 'infinity'",
+                                "timestamp too large (after year 10K): 'infinity'"),
+            "poison:bc": ("expires_at = '0001-12-31 23:00:00+00 BC'",
+                          "timestamp too small (before year 1): '0001-12-31 23:00:00+00 BC'"),
+            "poison:headers": ("""headers = '{"X-Count": 5}'""", "header 'X-Count' is not text"),
+            "poison:metadata": ("metadata = '[1, 2]'", "metadata: ValueError: not a JSON "
+                                                        "object: [1, 2]"),
+        }
+    return {
+        "poison:issue": ("expires_at = 253402318799.0", "year 10000 is out of range"),
+        "poison:text-time": ("expires_at = '10000-01-01T04:59:59Z'",
+                             "expires_at: TypeError: "),
+        "poison:headers": ("headers = '{\"X-Count\": '", "headers: JSONDecodeError: "),
+        "poison:metadata": ("metadata = 'not json'", "metadata: JSONDecodeError: Expecting value"),
+    }
+
+
+def break_rows(side: SideDB, poison: dict[str, tuple[str, str]]) -> None:
+    for key, (assignment, _) in poison.items():
+        side.query(f"UPDATE postlane_deliveries SET {assignment} WHERE idempotency_key = ?",
+                   (key,))
+
+
+async def test_unreadable_rows_are_dead_letters_and_the_rest_of_the_batch_is_sent(
+        store: Store, side: SideDB) -> None:
+    poison = _poison_sql(store.engine)
+    keys = []
+    for number in range(3):  # good ones before, between and after the broken ones
+        keys.append(f"good:{number}")
+        keys.extend(list(poison)[number::3])
+    keys.append("good:3")
+    for key in keys:
+        await store.enqueue(msg(key))
+    break_rows(side, poison)
+
+    found = {d.key: d for d in await store.find_deliveries(recipient="alice@example.com")}
+    for key, (_, error) in poison.items():  # reads no longer fail: the row says why
+        unreadable = found[key]
+        assert isinstance(unreadable, UnreadableDelivery) and error in unreadable.unreadable
+        assert await store.get(key) == unreadable
+
+    provider = Provider()
+    worker = Worker(store, provider, config=fast_config(batch_size=len(keys)))
+    async with running(worker):
+        states = await all_terminal(store)
+    assert states == {"sent": 4, "dead": len(poison)}
+    assert sorted(provider.keys()) == [f"good:{n}" for n in range(4)]  # never the poison
+    for key, (_, error) in poison.items():
+        d = await store.get(key)
+        assert d is not None and d.state is State.DEAD
+        assert d.dead_reason == DeadReason.HANDLER_ERROR and d.claims == 1  # no loop
+        entry = await store.dead_letter(d.id)
+        assert entry is not None and entry.reason == DeadReason.HANDLER_ERROR
+        assert entry.last_response is not None and error in entry.last_response
+        assert entry.last_response.startswith("the stored delivery cannot be read: ")
+        assert entry.snapshot["idempotency_key"] == key
+        assert [h["outcome"] for h in entry.attempt_history] == ["handler_error"]
+    assert worker.counters["errors"] == 0
+    listed = await store.list_dead_letters(DeadLetterFilter())
+    assert sorted(e.snapshot["idempotency_key"] for e in listed) == sorted(poison)
+
+
+async def test_a_row_whose_mime_message_cannot_be_built_is_a_dead_letter_of_its_own(
+        store: Store, side: SideDB) -> None:
+    """Through the SMTP adapter and a real server: the email library fails on this row's
+    own header (an IndexError while folding it), the others are delivered."""
+    for key in ("good:1", "poison:mime", "good:2"):
+        await store.enqueue(msg(key, sender="shop@example.org"))
+    side.query("UPDATE postlane_deliveries SET headers = ? WHERE idempotency_key = ?",
+               ('{"Reply-To": "\\""}', "poison:mime"))
+    handler = Handler()
+    async with smtp_server(handler) as server:
+        provider = SMTPProvider.from_url(f"smtp://127.0.0.1:{server.port}")
+        async with running(Worker(store, provider, config=fast_config())):
+            states = await all_terminal(store)
+    assert states == {"sent": 2, "dead": 1}
+    assert len(handler.received) == 2
+    d = await store.get("poison:mime")
+    assert d is not None and d.dead_reason == DeadReason.HANDLER_ERROR and d.claims == 1
+    entry = await store.dead_letter(d.id)
+    assert entry is not None and entry.reason == DeadReason.HANDLER_ERROR
+    assert entry.last_response is not None
+    assert "IndexError: list index out of range" in entry.last_response
