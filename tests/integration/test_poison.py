@@ -11,6 +11,7 @@ batch is sent.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -230,3 +231,56 @@ async def test_a_row_whose_mime_message_cannot_be_built_is_a_dead_letter_of_its_
     assert entry is not None and entry.reason == DeadReason.HANDLER_ERROR
     assert entry.last_response is not None
     assert "IndexError: list index out of range" in entry.last_response
+
+
+async def test_reads_show_an_unreadable_row_instead_of_failing(api: Api, side: SideDB) -> None:
+    """The API, the dashboard and the CLI read the issue's row (written by hand here, as an
+    older Postlane stored it) without a 500, before and after it is dead-lettered."""
+    store = api.store
+    poison = {"poison:issue": _poison_sql(store.engine)["poison:issue"]}
+    for key in ("good:1", "poison:issue"):
+        await store.enqueue(msg(key))
+    break_rows(side, poison)
+    bad = await store.get("poison:issue")
+    assert bad is not None
+    read = api.auth("read")
+
+    async def pages_answer() -> None:
+        one = await api.client.get(f"/v1/messages/{bad.id}", headers=read)
+        assert one.status_code == 200, one.text
+        assert one.json()["message"]["key"] == "poison:issue"
+        found = await api.client.get("/v1/messages?recipient=alice@example.com", headers=read)
+        assert found.status_code == 200 and len(found.json()["messages"]) == 2
+        assert (await api.client.get("/v1/status", headers=read)).status_code == 200
+        signed_in = await api.client.post("/dashboard/login", data={
+            "api_key": api.tokens["read"], "next": "/dashboard"})
+        assert signed_in.status_code in (302, 303), signed_in.text
+        for page in (f"/dashboard/messages/{bad.id}", "/dashboard/messages?q=alice@example.com",
+                     "/dashboard/dead-letters", "/dashboard"):
+            response = await api.client.get(page, follow_redirects=True)
+            assert response.status_code == 200, (page, response.text[-2000:])
+        for command in (["status"], ["dlq", "list"], ["timeline", str(bad.id)]):
+            result = await asyncio.to_thread(  # the CLI runs its own event loop
+                CliRunner().invoke, cli_app, ["--db", api.url, *command])
+            assert result.exit_code == 0, (command, result.output)
+
+    await pages_answer()
+    async with running(Worker(store, Provider(), config=fast_config())):
+        await all_terminal(store)
+    await pages_answer()
+    entries = await api.client.get("/v1/dead-letters", headers=read)
+    assert entries.status_code == 200
+    assert entries.json()["by_reason"] == {"handler_error": 1}
+    entry = await api.client.get(f"/v1/dead-letters/{bad.id}", headers=read)
+    assert entry.status_code == 200 and poison["poison:issue"][1] in entry.json()["last_response"]
+    # A replay is the operator's call: it is not refused for the unreadable expiry, and the
+    # worker dead-letters the row again, on its own, without sending it.
+    replayed = await api.client.post(f"/v1/dead-letters/{bad.id}/replay",
+                                     headers=api.auth("operate"))
+    assert replayed.status_code == 200, replayed.text
+    provider = Provider()
+    async with running(Worker(store, provider, config=fast_config())):
+        await all_terminal(store)
+    again = await store.get(bad.id)
+    assert again is not None and again.state is State.DEAD and again.claims == 2
+    assert provider.requests == []
