@@ -19,6 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import SideDB, msg, sqlite_path, store_url
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_api import Api, api, body, problem  # noqa: F401  (the api fixture)
 from test_provider_smtp import Handler, smtp_server
 from typer.testing import CliRunner
@@ -28,9 +30,9 @@ import postlane
 from postlane import DeadReason, InvalidTime, State
 from postlane.cli.main import app as cli_app
 from postlane.core.message import UnreadableDelivery
-from postlane.core.validation import EARLIEST_TIME, LATEST_TIME
+from postlane.core.validation import EARLIEST_TIME, LATEST_TIME, check_time
 from postlane.providers.smtp import SMTPProvider
-from postlane.store import Store
+from postlane.store import Store, open_store
 from postlane.store.base import DeadLetterFilter
 from postlane.templates import add_template, enqueue_template
 from postlane.worker import Worker
@@ -284,3 +286,45 @@ async def test_reads_show_an_unreadable_row_instead_of_failing(api: Api, side: S
     again = await store.get(bad.id)
     assert again is not None and again.state is State.DEAD and again.claims == 2
     assert provider.requests == []
+
+
+_ZONES = st.builds(lambda minutes: timezone(timedelta(minutes=minutes)),
+                   st.integers(min_value=-23 * 60 - 59, max_value=23 * 60 + 59))
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"])
+def test_every_time_accepted_reads_back_on_the_engine(engine: str, request: Any) -> None:
+    """Property: a time ``check_time`` accepts, enqueued through the outbox, is read back
+    (psycopg's loader on PostgreSQL; epoch seconds through the SQLite store's reader) as the
+    same instant, to the millisecond; one it refuses is refused by ``enqueue``."""
+    url = request.getfixturevalue("sqlite_url" if engine == "sqlite" else "pg_url")
+
+    async def migrate() -> None:
+        async with open_store(url) as store:
+            await store.migrate()
+
+    asyncio.run(migrate())
+    conn: Any = (sqlite3.connect(sqlite_path(url)) if engine == "sqlite"
+                 else psycopg.connect(url))
+
+    @settings(max_examples=300, deadline=None)
+    @given(when=st.datetimes(min_value=datetime.min, max_value=datetime.max, timezones=_ZONES))
+    def check(when: datetime) -> None:
+        try:
+            check_time(when, field="expires_at")
+        except InvalidTime:
+            with pytest.raises(InvalidTime):
+                postlane.enqueue(conn, msg("prop:read-back:1", expires_at=when))
+            return
+        created = postlane.enqueue(conn, msg("prop:read-back:1", expires_at=when))
+        placeholder = "?" if engine == "sqlite" else "%s"
+        (stored,) = conn.execute(f"SELECT expires_at FROM postlane_deliveries "
+                                 f"WHERE id = {placeholder}", (created.id,)).fetchone()
+        back = datetime.fromtimestamp(stored, UTC) if engine == "sqlite" else stored
+        assert abs(back - when) < timedelta(milliseconds=1)
+        conn.rollback()
+
+    try:
+        check()
+    finally:
+        conn.close()
