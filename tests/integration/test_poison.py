@@ -164,6 +164,10 @@ def _poison_sql(engine: str) -> dict[str, tuple[str, str]]:
                              "expires_at: TypeError: "),
         "poison:headers": ("headers = '{\"X-Count\": '", "headers: JSONDecodeError: "),
         "poison:metadata": ("metadata = 'not json'", "metadata: JSONDecodeError: Expecting value"),
+        # bytes another program wrote: sqlite3 fails the whole read on them
+        "poison:utf8": ("subject = CAST(x'ff' AS TEXT)",
+                        "subject: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in "
+                        "position 0: invalid start byte"),
     }
 
 

@@ -171,7 +171,7 @@ async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
     ``fetchall``, is taken whenever every row loads."""
     try:
         rows = await cur.fetchall()
-    except psycopg.DataError:
+    except (psycopg.DataError, ValueError):  # ValueError: text that is not UTF-8
         pass
     else:
         return [_delivery(row) for row in rows]
@@ -182,7 +182,7 @@ async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
         await cur.scroll(number, mode="absolute")
         try:
             row = await cur.fetchone()
-        except psycopg.DataError as exc:
+        except (psycopg.DataError, ValueError) as exc:
             deliveries.append(read_columns(_columns(cur, result, number), _DECODERS, exc))
         else:
             assert row is not None
@@ -205,6 +205,6 @@ def _columns(cur: psycopg.AsyncCursor[Any], result: pq.abc.PGresult,
             if loader is None:
                 raise psycopg.DataError(f"no loader for type {oid}")
             values[column] = loader(oid, cur).load(data)
-        except psycopg.Error as exc:
+        except (psycopg.Error, ValueError) as exc:
             values[column] = exc
     return values

@@ -83,6 +83,23 @@ class SQLiteBase(Store):
             raise StoreError("store is not open; use `async with store:` or `await store.open()`")
         return self._conn
 
+    def _tolerating_bad_text(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` (in the store's thread). Text that is not UTF-8 (bytes another
+        program wrote into a delivery) makes sqlite3 fail the whole read, and with it a
+        whole claim, every time; then ``fn`` runs again (its transaction, if any, was rolled
+        back) reading such text as its decode error, which ``_read`` makes an
+        ``UnreadableDelivery`` and a dead-letter snapshot keeps with the bad bytes replaced."""
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as exc:
+            if "decode to UTF-8" not in str(exc):
+                raise
+        self.conn.text_factory = _text_or_error
+        try:
+            return fn(*args)
+        finally:
+            self.conn.text_factory = str
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self.conn
@@ -189,6 +206,23 @@ def _delivery(row: Sequence[Any]) -> Delivery:
         return _decode(row)
     except Exception as exc:
         return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, exc)
+
+
+def _text_or_error(data: bytes) -> str | UnicodeDecodeError:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        return exc
+
+
+def _read(conn: sqlite3.Connection, row: Sequence[Any]) -> Delivery:
+    """``_delivery``, also for a row read while tolerating bad text: a column that is not
+    UTF-8 makes it an ``UnreadableDelivery`` (see ``_tolerating_bad_text``)."""
+    if conn.text_factory is not str:
+        bad = next((v for v in row if isinstance(v, UnicodeDecodeError)), None)
+        if bad is not None:
+            return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, bad)
+    return _delivery(row)
 
 
 def _decode(row: Sequence[Any]) -> Delivery:
