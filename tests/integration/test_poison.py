@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -24,11 +25,12 @@ from hypothesis import strategies as st
 from test_api import Api, api, body, problem  # noqa: F401  (the api fixture)
 from test_provider_smtp import Handler, smtp_server
 from typer.testing import CliRunner
-from worker_helpers import Provider, all_terminal, fast_config, running
+from worker_helpers import Provider, all_terminal, fast_config, running, wait_until
 
 import postlane
 from postlane import DeadReason, InvalidTime, State
 from postlane.cli.main import app as cli_app
+from postlane.core.breaker import CONTROL_PREFIX, BreakerConfig, BreakerRecord
 from postlane.core.message import UnreadableDelivery
 from postlane.core.validation import EARLIEST_TIME, LATEST_TIME, check_time
 from postlane.providers.smtp import SMTPProvider
@@ -332,3 +334,27 @@ def test_every_time_accepted_reads_back_on_the_engine(engine: str, request: Any)
         check()
     finally:
         conn.close()
+
+
+async def test_a_probe_that_meets_only_a_poison_row_probes_again(
+        store: Store, side: SideDB) -> None:
+    """The breaker is open and due for its probe; the probe (one delivery here) is the
+    unreadable row at the head of the lane. Dead-lettered unsent, it says nothing about the
+    provider: the worker probes again with the next row instead of waiting forever for an
+    outcome that never comes (with one worker, nobody else would abandon the probe)."""
+    keys = ("poison:issue", "good:1", "good:2")
+    ids = [(await store.enqueue(msg(key, delay=timedelta(hours=1)))).id for key in keys]
+    break_rows(side, {"poison:issue": _poison_sql(store.engine)["poison:issue"]})
+    provider = Provider()
+    await store.set_control(CONTROL_PREFIX + provider.account, BreakerRecord(
+        "open", time.time() - 1, 5.0, None, "an outage").as_json())
+    config = fast_config(breaker=BreakerConfig(min_failures=10_000, probes=1))
+    worker = Worker(store, provider, config=config)
+    async with running(worker):
+        await wait_until(lambda: worker.breaker.state == "half_open", what="the probe")
+        for id_ in ids:  # due in this order: the poison row is the probe
+            side.make_due(id_)
+        states = await all_terminal(store)
+    assert states == {"sent": 2, "dead": 1}
+    assert sorted(provider.keys()) == ["good:1", "good:2"]
+    assert CONTROL_PREFIX + provider.account not in await store.get_controls()  # closed

@@ -315,6 +315,7 @@ class Worker:
             if unsendable is not None:
                 pending.pop(delivery.id)
                 self._report(delivery, unsendable, release=True)
+                self.breaker.probe_unsent(delivery.id)
             else:
                 to_send.append(delivery)
         suppressed = await self.store.suppressed_among(to_send)
@@ -326,6 +327,7 @@ class Worker:
                     State.SUPPRESSED, "suppressed", spend_attempt=False,
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
                 ), release=True)
+                self.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
         while to_send:
             if self._shutting_down:
@@ -444,6 +446,7 @@ class Worker:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)
             self._report(delivery, decision, release=True)
+            self.breaker.probe_unsent(delivery.id)
             return
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,
