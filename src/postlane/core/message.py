@@ -36,7 +36,8 @@ class Message:
     template_id: str | None = None
     template_version: int | None = None
     expires_at: datetime | None = None
-    """Absolute end of the message's usefulness; at most one of this and ``expires_in``."""
+    """Absolute end of the message's usefulness, with a time zone, within 0001-01-02 ..
+    9999-12-30 UTC (see ``check_time``); at most one of this and ``expires_in``."""
     expires_in: timedelta | None = None
     """Validity window counted from enqueue, on the database clock."""
     delay: timedelta | None = None
