@@ -8,6 +8,7 @@
     │   ├── InvalidMetadata       metadata that is not a JSON object (or nested too deep)
     │   ├── UnknownLane
     │   ├── InvalidKey
+    │   ├── InvalidTime           a time no store can read back (naive, out of range)
     │   ├── ContentTooLarge
     │   ├── UnknownTemplate       no such template (or version)
     │   ├── TemplateDeprecated    the template takes no new enqueues
@@ -63,6 +64,11 @@ class UnknownLane(InvalidMessage):
 
 class InvalidKey(InvalidMessage):
     """The idempotency key is empty, too long or contains control characters."""
+
+
+class InvalidTime(InvalidMessage):
+    """A time (``expires_at``) or span (``expires_in``, ``delay``) that is naive, or that
+    lands outside the range both stores can read back: stored, it could never be sent."""
 
 
 class ContentTooLarge(InvalidMessage):

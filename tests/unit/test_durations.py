@@ -37,3 +37,8 @@ def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration") as info:
         parse_duration(text)
     assert repr(text) in str(info.value)  # the message names the bad text
+
+
+def test_a_duration_past_what_timedelta_holds_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="too long"):
+        parse_duration("99999999999d")

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from postlane.core.message import EMAIL, Message
@@ -22,6 +23,7 @@ from postlane.errors import (
     InvalidMessage,
     InvalidMetadata,
     InvalidText,
+    InvalidTime,
     UnknownLane,
 )
 
@@ -111,6 +113,64 @@ def check_key(key: str) -> None:
         raise InvalidKey(f"idempotency key {ENCODED_WORD_PROBLEM}", field="key")
 
 
+# Every time a store writes must read back on both engines: Python's datetime ends at year
+# 9999, PostgreSQL's timestamptz does not (psycopg then fails with "timestamp too large"),
+# and SQLite keeps epoch seconds in a REAL, whose rounding can carry 9999-12-31T23:59:59.9
+# into year 10000. A day's margin at each end covers the rounding and any display offset.
+EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
+"""Times are refused outside ``[EARLIEST_TIME, LATEST_TIME)`` (compared in UTC)."""
+_RANGE = f"{EARLIEST_TIME.date().isoformat()} and {(LATEST_TIME - timedelta(days=1)).date()}"
+
+
+def check_time(value: object, *, field: str) -> None:
+    """Raise ``InvalidTime`` unless ``value`` is an aware datetime both stores read back.
+
+    A row holding a time that cannot be read back is a poison delivery: every claim of it
+    fails, and with it its whole batch, so it is refused here instead."""
+    if not isinstance(value, datetime):
+        raise InvalidTime(f"{field} must be a datetime, not {type(value).__name__}",
+                          field=field)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidTime(f"{field} must be timezone-aware", field=field)
+    try:
+        utc: datetime | None = value.astimezone(UTC)
+    except (OverflowError, ValueError):  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+        utc = None
+    if utc is None or not EARLIEST_TIME <= utc < LATEST_TIME:
+        raise InvalidTime(
+            f"{field} {value.isoformat()} is out of range: a time must fall between "
+            f"{_RANGE} (UTC)", field=field)
+
+
+def check_span(value: object, *, field: str, zero_ok: bool,
+               now: datetime | None = None) -> None:
+    """Raise ``InvalidTime`` unless ``value`` is a timedelta (positive, or not negative with
+    ``zero_ok``) that, counted from ``now``, still ends before ``LATEST_TIME``."""
+    if not isinstance(value, timedelta):
+        raise InvalidTime(f"{field} must be a timedelta, not {type(value).__name__}",
+                          field=field)
+    if value < timedelta(0) or (not zero_ok and not value):
+        raise InvalidTime(f"{field} must {'not be negative' if zero_ok else 'be positive'}",
+                          field=field)
+    if value >= LATEST_TIME - (now or datetime.now(UTC)):
+        raise InvalidTime(f"{field} of {value.days} days ends out of range: a time must fall "
+                          f"between {_RANGE} (UTC)", field=field)
+
+
+def check_times(message: Message, now: datetime | None = None) -> None:
+    """The message's expiry and delay: one of ``expires_at``/``expires_in``, each readable
+    back on both engines once stored (see ``check_time``)."""
+    if message.expires_at is not None and message.expires_in is not None:
+        raise InvalidMessage("give expires_at or expires_in, not both", field="expires_at")
+    if message.expires_at is not None:
+        check_time(message.expires_at, field="expires_at")
+    if message.expires_in is not None:
+        check_span(message.expires_in, field="expires_in", zero_ok=False, now=now)
+    if message.delay is not None:
+        check_span(message.delay, field="delay", zero_ok=True, now=now)
+
+
 def validate(message: Message, limits: Limits = Limits()) -> None:
     """Raise a specific ``InvalidMessage`` for the first problem found."""
     check_key(message.key)
@@ -135,14 +195,7 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
                              field="channel")
     for name, value in message.headers.items():
         check_header(name, value)
-    if message.expires_at is not None and message.expires_in is not None:
-        raise InvalidMessage("give expires_at or expires_in, not both", field="expires_at")
-    if message.expires_at is not None and message.expires_at.tzinfo is None:
-        raise InvalidMessage("expires_at must be timezone-aware", field="expires_at")
-    if message.expires_in is not None and message.expires_in.total_seconds() <= 0:
-        raise InvalidMessage("expires_in must be positive", field="expires_in")
-    if message.delay is not None and message.delay.total_seconds() < 0:
-        raise InvalidMessage("delay must not be negative", field="delay")
+    check_times(message)
     check_storable(message)
     size = message.content_size()
     if size > limits.max_content_bytes:

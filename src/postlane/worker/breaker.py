@@ -97,6 +97,16 @@ class FleetBreaker:
         else:
             self._probe_token = True  # this lane had nothing; let another lane probe
 
+    def probe_unsent(self, delivery_id: int) -> None:
+        """A delivery of the probe settled without a provider's answer (unreadable,
+        expired, suppressed, or its adapter raised) says nothing about the provider; with
+        none of the probe answered, this worker probes again, instead of waiting forever
+        for an outcome that never comes."""
+        if delivery_id in self._probe_ids:
+            self._probe_ids.discard(delivery_id)
+            if not self._probe_ids:
+                self._probe_token = True
+
     async def observe(self, outcome: Outcome, decision: Decision,
                       delivery_id: int | None = None) -> None:
         failed = (outcome.kind in (OutcomeClass.TRANSIENT, OutcomeClass.AMBIGUOUS)
