@@ -4,6 +4,8 @@
     ├── InvalidMessage            bad input at enqueue; nothing was written
     │   ├── InvalidAddress
     │   ├── InvalidHeader
+    │   ├── InvalidText           a NUL or a lone surrogate: no database column holds it
+    │   ├── InvalidMetadata       metadata that is not a JSON object (or nested too deep)
     │   ├── UnknownLane
     │   ├── InvalidKey
     │   ├── InvalidTime           a time no store can read back (naive, out of range)
@@ -44,6 +46,16 @@ class InvalidAddress(InvalidMessage):
 
 class InvalidHeader(InvalidMessage):
     """A header name or value would corrupt the message on the wire (CR/LF, bad name)."""
+
+
+class InvalidText(InvalidMessage):
+    """A text holds a NUL character (PostgreSQL refuses it in text and jsonb) or a lone
+    surrogate (it has no UTF-8 form): it could be neither stored nor sent."""
+
+
+class InvalidMetadata(InvalidMessage):
+    """Metadata is not a JSON object both engines store alike: a non-string key, NaN or
+    infinity, a value JSON has no form for, or nesting deeper than the documented limit."""
 
 
 class UnknownLane(InvalidMessage):

@@ -86,24 +86,7 @@ class PostmarkProvider(HttpApiProvider):
         return self._account or "postmark"
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
-        sender = sender_of(delivery, self.default_sender)
-        check_delivery(delivery, sender)
-        body: dict[str, Any] = {
-            "From": sender,
-            "To": delivery.recipient,
-            "Subject": delivery.subject,
-            "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
-            + [{"Name": KEY_HEADER, "Value": delivery.key}],
-            "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
-                         "postlane_key": delivery.key,
-                         "postlane_delivery_id": str(delivery.id)},
-        }
-        if delivery.text is not None:
-            body["TextBody"] = delivery.text
-        if delivery.html is not None:
-            body["HtmlBody"] = delivery.html
-        if self.message_stream:
-            body["MessageStream"] = self.message_stream
+        body = postmark_payload(delivery, self.default_sender, self.message_stream)
         headers = {"Accept": "application/json",
                    "X-Postmark-Server-Token": self.token.reveal() if self.token else ""}
         return self.client.build_request("POST", f"{self.base_url}/email", json=body,
@@ -111,6 +94,30 @@ class PostmarkProvider(HttpApiProvider):
 
     def map_response(self, response: httpx.Response) -> Outcome:
         return postmark_outcome(response, self.account_retry_after_s)
+
+
+def postmark_payload(delivery: Delivery, default_sender: str | None,
+                     message_stream: str | None = None) -> dict[str, Any]:
+    """The ``POST /email`` body; raises ``InvalidMessage`` for what cannot be sent."""
+    sender = sender_of(delivery, default_sender)
+    check_delivery(delivery, sender)
+    body: dict[str, Any] = {
+        "From": sender,
+        "To": delivery.recipient,
+        "Subject": delivery.subject,
+        "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
+        + [{"Name": KEY_HEADER, "Value": delivery.key}],
+        "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+                     "postlane_key": delivery.key,
+                     "postlane_delivery_id": str(delivery.id)},
+    }
+    if delivery.text is not None:
+        body["TextBody"] = delivery.text
+    if delivery.html is not None:
+        body["HtmlBody"] = delivery.html
+    if message_stream:
+        body["MessageStream"] = message_stream
+    return body
 
 
 def postmark_outcome(response: httpx.Response, account_retry_after_s: float = 60.0) -> Outcome:

@@ -93,21 +93,7 @@ class ResendProvider(HttpApiProvider):
         return self._account or "resend"
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
-        sender = sender_of(delivery, self.default_sender)
-        check_delivery(delivery, sender)
-        body: dict[str, Any] = {
-            "from": sender,
-            "to": [delivery.recipient],
-            "subject": delivery.subject,
-            "headers": {**delivery.headers, KEY_HEADER: delivery.key},
-            # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
-            "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
-                     {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
-        }
-        if delivery.text is not None:
-            body["text"] = delivery.text
-        if delivery.html is not None:
-            body["html"] = delivery.html
+        body = resend_payload(delivery, self.default_sender)
         headers = {"Accept": "application/json", "Idempotency-Key": delivery.key,
                    "Authorization": f"Bearer {self.token.reveal() if self.token else ''}"}
         return self.client.build_request("POST", f"{self.base_url}/emails", json=body,
@@ -115,6 +101,26 @@ class ResendProvider(HttpApiProvider):
 
     def map_response(self, response: httpx.Response) -> Outcome:
         return resend_outcome(response, self.quota_retry_after_s)
+
+
+def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, Any]:
+    """The ``POST /emails`` body; raises ``InvalidMessage`` for what cannot be sent."""
+    sender = sender_of(delivery, default_sender)
+    check_delivery(delivery, sender)
+    body: dict[str, Any] = {
+        "from": sender,
+        "to": [delivery.recipient],
+        "subject": delivery.subject,
+        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
+        # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
+        "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
+                 {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
+    }
+    if delivery.text is not None:
+        body["text"] = delivery.text
+    if delivery.html is not None:
+        body["html"] = delivery.html
+    return body
 
 
 def resend_outcome(response: httpx.Response, quota_retry_after_s: float = 300.0) -> Outcome:
