@@ -18,7 +18,7 @@ from email.utils import format_datetime
 
 from postlane.core.message import Delivery
 from postlane.core.validation import check_address, check_header
-from postlane.errors import InvalidHeader, InvalidMessage
+from postlane.errors import InvalidHeader, InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
 
@@ -42,8 +42,8 @@ def message_id(key: str, sender: str | None = None) -> str:
 def sender_of(delivery: Delivery, default: str | None) -> str:
     sender = delivery.sender or default
     if not sender:
-        raise InvalidMessage("no sender: give the message a sender or the provider URL "
-                             "a from= option", field="sender")
+        raise MissingSender("no sender: give the message a sender or the provider URL "
+                            "a from= option", field="sender")
     return sender
 
 
