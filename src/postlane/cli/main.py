@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from postlane.core.durations import parse_duration
@@ -190,7 +191,10 @@ def status(
         console.print(f"[yellow]paused:[/yellow] lanes {stats['paused_lanes']} "
                       f"imports {stats['paused_imports']}")
     for account, record in stats["breakers"].items():
-        console.print(f"[red]breaker {account}: {record['state']}[/red] ({record['reason']})")
+        why, cause = str(record.get("reason", "")), str(record.get("cause", ""))
+        if cause and cause not in why:  # account trouble outlives "probe abandoned"
+            why = f"{why}; account trouble: {cause}"
+        console.print(f"[red]breaker {account}: {record['state']}[/red] ({escape(why)})")
 
 
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
