@@ -32,6 +32,17 @@ class Provider(abc.ABC):
 
     name: str = "provider"
     capabilities: Capabilities = Capabilities()
+    needs_sender: bool = False
+    """A send needs a sender address: the message's own, else ``configured_sender()``."""
+
+    def configured_sender(self) -> str | None:
+        """The sender used for messages that name none (the URL's ``from=``)."""
+        return None
+
+    def endpoint(self) -> tuple[str, int] | None:
+        """Host and port the adapter connects to, so ``postlane check`` can see that
+        something answers there without sending; None for an in-process adapter."""
+        return None
 
     @property
     def account(self) -> str:

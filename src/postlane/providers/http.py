@@ -53,6 +53,7 @@ class HttpApiProvider(Provider):
     """Base of the JSON email API adapters: subclasses build the request and read answers."""
 
     name = "http"
+    needs_sender = True
 
     def __init__(
         self,
@@ -79,6 +80,13 @@ class HttpApiProvider(Provider):
     @property
     def account(self) -> str:
         return self._account or f"{self.name}:{httpx.URL(self.base_url).host}"
+
+    def configured_sender(self) -> str | None:
+        return self.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        url = httpx.URL(self.base_url)
+        return url.host, url.port or (443 if url.scheme == "https" else 80)
 
     async def open(self) -> None:
         if self._client is None:

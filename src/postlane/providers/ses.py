@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -153,6 +154,16 @@ class SESConfig:
 class SESProvider(Provider):
     name = "ses"
     capabilities = Capabilities()  # no idempotency key, no lookup by our key
+    needs_sender = True
+
+    def configured_sender(self) -> str | None:
+        return self.config.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        if self.config.endpoint_url is None:
+            return f"email.{self.config.region}.amazonaws.com", 443
+        url = urlsplit(self.config.endpoint_url)
+        return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
 
     def __init__(self, config: SESConfig, *, client: SESV2Client | None = None) -> None:
         self.config = config

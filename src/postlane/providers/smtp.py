@@ -146,6 +146,13 @@ class SMTPProvider(Provider):
 
     name = "smtp"
     capabilities = Capabilities()  # SMTP has no idempotency and no lookup
+    needs_sender = True
+
+    def configured_sender(self) -> str | None:
+        return self.config.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        return self.config.host, self.config.port
 
     def __init__(self, config: SMTPConfig) -> None:
         self.config = config
