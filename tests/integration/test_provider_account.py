@@ -37,6 +37,7 @@ from postlane.providers.registry import open_provider
 from postlane.providers.sandbox_server import bind
 from postlane.store import Store
 from postlane.worker import Worker
+from postlane.worker.drain import DrainResult, drain_within
 from tests.integration.test_provider_ses import (  # noqa: F401  (the moto fixtures)
     REGION,
     SECRET,
@@ -232,3 +233,28 @@ async def test_a_4xx_with_retry_after_is_retried_then_not_dead_lettered(
     kinds = await event_kinds(store, delivery_id)
     assert kinds.count("throttled") == 10 and "dead_lettered" not in kinds
     assert not (await store.stats()).dead_letters
+
+
+# -- a drain against an account that stays broken gives up ----------------------------------
+async def test_a_drain_gives_up_on_an_account_that_stays_broken(
+    store: Store, api: tuple[Api, str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake, url = api
+    monkeypatch.setenv("POSTLANE_HTTP_TOKEN", TOKEN)  # the API still expects the old token
+    await store.enqueue_many([msg(k, sender="app@example.org") for k in KEYS])
+    worker = Worker(store, open_provider(url), config=fast_config(breaker=HOLD, drain=True))
+    result = await drain_within(worker, 1.0)
+    assert not result.drained
+    assert result.reason.startswith(f"gave up draining after 1 s: {len(KEYS)} deliveries "
+                                    "still waiting; breaker http:127.0.0.1 open (account "
+                                    "trouble: 401")
+    for key in KEYS:  # stopped gracefully: nothing left leased, nothing spent
+        delivery = await store.get(key)
+        assert delivery is not None
+        assert (delivery.state, delivery.attempts, delivery.lease_owner) == (
+            State.PENDING, 0, None)
+
+    fake.token = TOKEN
+    worker = Worker(store, open_provider(url), config=fast_config(breaker=HOLD, drain=True))
+    worker.breaker.clock = lambda: time.time() + HOLD.max_cooldown_s
+    assert await drain_within(worker, 30.0) == DrainResult(True)
