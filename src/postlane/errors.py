@@ -12,7 +12,9 @@
     │   ├── ContentTooLarge
     │   ├── UnknownTemplate       no such template (or version)
     │   ├── TemplateDeprecated    the template takes no new enqueues
-    │   └── TemplateError         a template failed to render (a missing variable...)
+    │   ├── TemplateError         a template failed to render (a missing variable...)
+    │   └── MissingSender         no sender on the message nor on the provider: the
+    │                             adapter answers an account-level outcome, not a dead letter
     ├── ConfigurationError        a bad URL, option or lane table
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
@@ -106,6 +108,12 @@ class TemplateDeprecated(InvalidMessage):
 class TemplateError(InvalidMessage):
     """The template failed to render for these variables: an undefined variable, a bad
     filter, a construct the sandbox forbids, or a syntax error in a new version."""
+
+
+class MissingSender(InvalidMessage):
+    """Neither the message nor the provider names a sender. Raised when the adapter builds
+    the request; it is the deployment's configuration (``from=`` on the provider URL), not
+    the message, so the send maps to an account-level outcome and waits, unspent."""
 
 
 class TemplateInUse(PostlaneError):

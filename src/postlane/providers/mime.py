@@ -21,7 +21,7 @@ from email.utils import format_datetime
 
 from postlane.core.message import Delivery
 from postlane.core.validation import check_address, check_header, check_subject
-from postlane.errors import InvalidMessage
+from postlane.errors import InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
 
@@ -40,8 +40,8 @@ def message_id(key: str, sender: str | None = None) -> str:
 def sender_of(delivery: Delivery, default: str | None) -> str:
     sender = delivery.sender or default
     if not sender:
-        raise InvalidMessage("no sender: give the message a sender or the provider URL "
-                             "a from= option", field="sender")
+        raise MissingSender("no sender: give the message a sender or the provider URL "
+                            "a from= option", field="sender")
     return sender
 
 
