@@ -7,12 +7,48 @@ The split follows what the worker can do next:
     transient   5xx, refused/reset before the request left  -> retry with backoff
     ambiguous   timeout or drop *after* the request left    -> reconcile before a new attempt
     permanent   400/404/422, rejected address, no template  -> dead-letter now
+
+Transient or ambiguous is decided by the *phase* the attempt ended in: each adapter marks
+its point of no return (SMTP: the final dot of DATA written; HTTP: the whole request
+written) and only an attempt that passed it can be ambiguous. See ``Phase``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where a send attempt was when it ended, in the order an attempt goes through them.
+
+    Only ``RESPONSE`` is past the point of no return: before it the provider cannot have
+    the message, so a failure or a deadline there is transient, never ambiguous.
+    """
+
+    QUEUED = "queued"
+    """Waiting for a pooled connection, a pool slot or a client thread."""
+    CONNECT = "connect"
+    """Opening the connection: TCP, TLS from the start (smtps, https), SMTP's 220 greeting."""
+    HELLO = "hello"
+    """SMTP EHLO (or HELO)."""
+    TLS = "tls"
+    """SMTP STARTTLS, or the TLS handshake of an https connection."""
+    AUTH = "auth"
+    """SMTP AUTH."""
+    ENVELOPE = "envelope"
+    """SMTP MAIL FROM and RCPT TO."""
+    DATA = "data"
+    """SMTP DATA until the message's final dot is handed to the connection."""
+    REQUEST = "request"
+    """HTTP: writing the request line, headers and body (SES: preparing the call)."""
+    RESPONSE = "response"
+    """Past the point of no return: the final dot or the whole request was written (SES:
+    handed to botocore's HTTP layer); waiting for, or reading, the answer."""
+
+    @property
+    def may_have_reached_provider(self) -> bool:
+        return self is Phase.RESPONSE
 
 
 class OutcomeClass(StrEnum):
@@ -31,6 +67,14 @@ class Outcome:
     """The provider's own Retry-After, already turned into seconds from now."""
     response: str | None = None
     """The provider's response, verbatim (the store bounds it)."""
+    phase: Phase | None = None
+    """The phase the attempt ended in; None when the adapter does not report phases."""
+
+    def at(self, phase: Phase | None) -> Outcome:
+        """This outcome, marked with ``phase`` unless the adapter already named one."""
+        if self.phase is not None or phase is None:
+            return self
+        return replace(self, phase=phase)
 
     @classmethod
     def accepted(cls, provider_message_id: str | None = None,
@@ -45,12 +89,13 @@ class Outcome:
 
     @classmethod
     def transient(cls, response: str | None = None,
-                  retry_after_s: float | None = None) -> Outcome:
-        return cls(OutcomeClass.TRANSIENT, retry_after_s=retry_after_s, response=response)
+                  retry_after_s: float | None = None, *, phase: Phase | None = None) -> Outcome:
+        return cls(OutcomeClass.TRANSIENT, retry_after_s=retry_after_s, response=response,
+                   phase=phase)
 
     @classmethod
-    def ambiguous(cls, response: str | None = None) -> Outcome:
-        return cls(OutcomeClass.AMBIGUOUS, response=response)
+    def ambiguous(cls, response: str | None = None, *, phase: Phase | None = None) -> Outcome:
+        return cls(OutcomeClass.AMBIGUOUS, response=response, phase=phase)
 
     @classmethod
     def permanent(cls, response: str | None = None) -> Outcome:
