@@ -34,7 +34,7 @@ from botocore.exceptions import (
 from botocore.stub import ANY, Stubber
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.states import State
 from postlane.providers.http import HttpApiProvider, JsonHttpProvider
 from postlane.providers.mime import key_digest
@@ -75,22 +75,37 @@ def test_smtp_reply_table(code: int, phase: str, kind: OutcomeClass) -> None:
     assert str(code) in (outcome.response or "")
 
 
-@pytest.mark.parametrize(("phase", "error", "kind"), [
-    ("mail", SMTPServerDisconnected("Connection lost"), X),
-    ("mail", SMTPSenderRefused(451, "try later", "a@b.c"), X),
-    ("mail", SMTPSenderRefused(553, "no", "a@b.c"), P),
-    ("rcpt", SMTPRecipientRefused(550, "no such user", "bob@example.com"), P),
-    ("rcpt", SMTPRecipientRefused(450, "greylisted", "bob@example.com"), X),
-    ("rcpt", SMTPReadTimeoutError("timed out"), X),
-    ("rcpt", ConnectionResetError("reset"), X),
-    ("data", SMTPDataError(451, "local error"), X),
-    ("data", SMTPDataError(554, "rejected"), P),
-    ("data", SMTPServerDisconnected("Connection lost"), Y),
-    ("data", SMTPReadTimeoutError("timed out"), Y),
-    ("data", ConnectionResetError("reset"), Y),
+E, D, R = Phase.ENVELOPE, Phase.DATA, Phase.RESPONSE
+
+
+@pytest.mark.parametrize(("command", "reached", "error", "kind"), [
+    ("mail", E, SMTPServerDisconnected("Connection lost"), X),
+    ("mail", E, SMTPSenderRefused(451, "try later", "a@b.c"), X),
+    ("mail", E, SMTPSenderRefused(553, "no", "a@b.c"), P),
+    ("rcpt", E, SMTPRecipientRefused(550, "no such user", "bob@example.com"), P),
+    ("rcpt", E, SMTPRecipientRefused(450, "greylisted", "bob@example.com"), X),
+    ("rcpt", E, SMTPReadTimeoutError("timed out"), X),
+    ("rcpt", E, ConnectionResetError("reset"), X),
+    # DATA before the final dot: the server cannot have the message.
+    ("data", D, SMTPDataError(451, "local error"), X),
+    ("data", D, SMTPDataError(554, "rejected"), P),
+    ("data", D, SMTPDataError(250, "250 where 354 was due"), X),
+    ("data", D, SMTPServerDisconnected("Connection lost"), X),
+    ("data", D, SMTPReadTimeoutError("timed out"), X),
+    ("data", D, ConnectionResetError("reset"), X),
+    # After the final dot: only an answer decides.
+    ("data", R, SMTPDataError(451, "local error"), X),
+    ("data", R, SMTPDataError(554, "rejected"), P),
+    ("data", R, SMTPDataError(354, "354 where 250 was due"), Y),
+    ("data", R, SMTPServerDisconnected("Connection lost"), Y),
+    ("data", R, SMTPReadTimeoutError("timed out"), Y),
+    ("data", R, ConnectionResetError("reset"), Y),
 ])
-def test_smtp_failure_table(phase: str, error: BaseException, kind: OutcomeClass) -> None:
-    assert _outcome_of_failure(_Phase(phase, error)).kind is kind
+def test_smtp_failure_table(command: str, reached: Phase, error: BaseException,
+                            kind: OutcomeClass) -> None:
+    outcome = _outcome_of_failure(_Phase(command, error), reached)
+    assert outcome.kind is kind
+    assert outcome.phase is reached
 
 
 # == HTTP: the generic JSON adapter =======================================================
