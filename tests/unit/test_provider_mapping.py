@@ -171,7 +171,8 @@ GENERIC = {"url": "https://api.example.test/v1/send"}
     (fail(httpx.ConnectTimeout("connect timeout")), X, None),
     (fail(httpx.PoolTimeout("no connection free")), X, None),
     (fail(httpx.ReadTimeout("read timeout")), Y, None),
-    (fail(httpx.WriteTimeout("write timeout")), Y, None),
+    (fail(httpx.WriteTimeout("write timeout")), X, None),
+    (fail(httpx.WriteError("broken pipe")), X, None),
     (fail(httpx.ReadError("reset by peer")), Y, None),
     (fail(httpx.RemoteProtocolError("server disconnected")), Y, None),
 ])

@@ -15,7 +15,7 @@ written) and only an attempt that passed it can be ambiguous. See ``Phase``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 
@@ -67,8 +67,9 @@ class Outcome:
     """The provider's own Retry-After, already turned into seconds from now."""
     response: str | None = None
     """The provider's response, verbatim (the store bounds it)."""
-    phase: Phase | None = None
-    """The phase the attempt ended in; None when the adapter does not report phases."""
+    phase: Phase | None = field(default=None, compare=False)
+    """The phase the attempt ended in; None when the adapter does not report phases. Where,
+    not what: two outcomes that differ only in it are the same answer."""
 
     def at(self, phase: Phase | None) -> Outcome:
         """This outcome, marked with ``phase`` unless the adapter already named one."""
