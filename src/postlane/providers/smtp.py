@@ -218,7 +218,7 @@ class SMTPProvider(Provider):
                 try:
                     conn = await self._checkout(progress)
                 except (SMTPException, OSError) as exc:
-                    return Outcome.transient(f"connect failed: {_describe(exc)}",
+                    return Outcome.transient(f"not sent: connect failed: {_describe(exc)}",
                                              phase=progress.phase)
                 try:
                     reply = await self._transaction(conn, sender, delivery.recipient, data,
