@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import msg
-from misbehaving_smtp import STEPS, Misbehaviour, MisbehavingSMTP, Step, misbehaving_smtp
+from misbehaving_smtp import STEPS, MisbehavingSMTP, Misbehaviour, Step, misbehaving_smtp
 from worker_helpers import delivery_when, fast_config, lanes, running
 
 from postlane.core.outcomes import Phase
