@@ -66,7 +66,7 @@ class Scripted(Provider):
 
 @pytest.mark.parametrize("phase", BEFORE)
 def test_cut_off_before_the_point_of_no_return_is_transient(phase: Phase) -> None:
-    outcome = at_deadline(phase, "no answer within 1s")
+    outcome = at_deadline(phase, "no answer within 1s", if_sent="left")
     assert outcome.kind is X
     assert outcome.phase is phase
     assert (outcome.response or "").startswith("not sent")
@@ -74,13 +74,13 @@ def test_cut_off_before_the_point_of_no_return_is_transient(phase: Phase) -> Non
 
 
 def test_cut_off_after_the_point_of_no_return_is_ambiguous() -> None:
-    outcome = at_deadline(Phase.RESPONSE, "no answer within 1s")
-    assert (outcome.kind, outcome.phase) == (Y, Phase.RESPONSE)
+    outcome = at_deadline(Phase.RESPONSE, "no answer within 1s", if_sent="left")
+    assert (outcome.kind, outcome.phase, outcome.response) == (Y, Phase.RESPONSE, "left")
 
 
 def test_an_adapter_that_reports_no_phase_counts_as_past_the_point() -> None:
-    outcome = at_deadline(None, "no answer within 1s")
-    assert (outcome.kind, outcome.phase) == (Y, None)
+    outcome = at_deadline(None, "no answer within 1s", if_sent="left")
+    assert (outcome.kind, outcome.phase, outcome.response) == (Y, None, "left")
 
 
 async def test_an_answer_in_time_is_kept_and_marked_with_the_phase() -> None:

@@ -68,7 +68,8 @@ def worker(
                                        help="Lease per claim, renewed while sending.")] = "30s",
     attempt_timeout: Annotated[str, typer.Option(
         envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
-        help="Longest wait for the provider's answer; past it the attempt is ambiguous.")
+        help="Hard bound on one send; cut off there, it is transient if the request had "
+             "not yet left (see docs/providers.md, phases), else ambiguous.")
     ] = "10s",
     grace: Annotated[str, typer.Option(
         envvar="POSTLANE_GRACE", show_envvar=True,

@@ -69,23 +69,22 @@ class Attempt:
             log.warning("delivery %d: the send ignored its cancellation at the deadline; "
                         "left to end in the background", self.delivery.id)
         _let_go(task)
-        return at_deadline(phase, f"no answer within {self.timeout_s:g}s")
+        waited = f"no answer within {self.timeout_s:g}s"
+        return at_deadline(phase, waited, if_sent=f"{waited} after the request left")
 
     def stopped(self, why: str) -> Outcome:
         """The outcome of an attempt cancelled from outside (the worker shutting down)."""
-        return at_deadline(self.progress.abandon(), why)
+        return at_deadline(self.progress.abandon(), why, if_sent=why)
 
 
-def at_deadline(phase: Phase | None, why: str) -> Outcome:
+def at_deadline(phase: Phase | None, why: str, *, if_sent: str) -> Outcome:
     """An attempt cut off in ``phase``: transient before the point of no return, else
-    ambiguous (also when the adapter reported no phase: it may have sent)."""
-    if phase is None:
-        return Outcome.ambiguous(f"{why}; the adapter reports no phase, so the request "
-                                 "may have left")
-    if phase.may_have_reached_provider:
-        return Outcome.ambiguous(f"{why} after the request left ({phase})", phase=phase)
-    return Outcome.transient(f"not sent: {why} (in {phase}, before the point of no return)",
-                             phase=phase)
+    ambiguous with the text ``if_sent`` (also when the adapter reported no phase: nothing
+    proves the request did not leave)."""
+    if phase is None or phase.may_have_reached_provider:
+        return Outcome.ambiguous(if_sent, phase=phase)
+    return Outcome.transient(f"not sent: {why} (in phase {phase}, before the point of no "
+                             "return)", phase=phase)
 
 
 def _let_go(task: asyncio.Task[Outcome]) -> None:
