@@ -11,6 +11,7 @@ import pytest
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
+from postlane.limiter.memory import MemoryLimiter
 from postlane.providers.base import Provider
 from postlane.providers.progress import AttemptAbandoned, AttemptProgress, current_progress
 from postlane.worker.attempt import Attempt, at_deadline
@@ -154,3 +155,20 @@ def test_progress_refuses_every_phase_once_abandoned() -> None:
     with pytest.raises(AttemptAbandoned):
         progress.reach(Phase.RESPONSE)
     assert progress.phase is Phase.CONNECT
+
+
+class Throttling(Provider):
+    name = "throttling"
+
+    async def send(self, delivery: Delivery) -> Outcome:
+        return Outcome.throttled(30.0, "429 Too Many Requests")
+
+
+async def test_a_429_closes_the_shared_gate_inside_the_attempt() -> None:
+    """The attempt itself shuts the gate, in the step the answer arrives, not the worker a
+    loop iteration or two later (tests/integration/test_worker_import.py checks that no
+    send of the process leaves in between)."""
+    limiter = MemoryLimiter(rate=100, burst=1)
+    outcome = await Attempt(Throttling(), delivery(), 5.0, limiter=limiter).run()
+    assert outcome.kind is OutcomeClass.THROTTLED
+    assert 29.0 < await limiter.gate_remaining_s() <= 30.0

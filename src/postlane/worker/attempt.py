@@ -16,6 +16,10 @@ send would then hold its slot until the library's own timeout). At the deadline:
 A reply that arrives after the deadline -- during the grace or later -- is ignored: the
 outcome is the deadline's classification, and a task that outlives the grace finishes in
 the background with its result discarded.
+
+A 429 with Retry-After closes the limiter's shared gate inside the send task, in the same
+step as the answer: the worker sees the outcome a loop iteration or two later, and any
+send of this process whose gate check fell in between would leave after the 429.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import asyncio
 import logging
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, Phase
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
+from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
 from postlane.providers.progress import AttemptProgress, tracked_context
 
@@ -41,10 +46,12 @@ class Attempt:
     """Sends one delivery and knows, whatever happens, how far the send got."""
 
     def __init__(self, provider: Provider, delivery: Delivery, timeout_s: float, *,
+                 limiter: RateLimiter | None = None,
                  cancel_grace_s: float = CANCEL_GRACE_S) -> None:
         self.provider = provider
         self.delivery = delivery
         self.timeout_s = timeout_s
+        self.limiter = limiter
         self.cancel_grace_s = cancel_grace_s
         self.progress = AttemptProgress()
 
@@ -53,7 +60,7 @@ class Attempt:
         out of the adapter (a bug) propagates; a cancellation of the caller cancels the send
         and propagates too (``stopped`` classifies it)."""
         task = asyncio.get_running_loop().create_task(
-            self.provider.send(self.delivery), context=tracked_context(self.progress))
+            self._send(), context=tracked_context(self.progress))
         try:
             done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
         except asyncio.CancelledError:
@@ -71,6 +78,17 @@ class Attempt:
         _let_go(task)
         waited = f"no answer within {self.timeout_s:g}s"
         return at_deadline(phase, waited, if_sent=f"{waited} after the request left")
+
+    async def _send(self) -> Outcome:
+        outcome = await self.provider.send(self.delivery)
+        if (outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s
+                and self.limiter is not None):
+            try:
+                await self.limiter.close_gate(outcome.retry_after_s)
+            except Exception as exc:  # the worker closes it again when it reports
+                log.error("delivery %d: could not close the rate-limit gate (%s: %s)",
+                          self.delivery.id, type(exc).__name__, exc)
+        return outcome
 
     def stopped(self, why: str) -> Outcome:
         """The outcome of an attempt cancelled from outside (the worker shutting down)."""

@@ -429,7 +429,8 @@ class Worker:
             return
         started = time.perf_counter()
         # A hard deadline, classified by the phase the send reached (worker/attempt.py).
-        attempt = Attempt(self.provider, delivery, self.config.attempt_timeout_s)
+        attempt = Attempt(self.provider, delivery, self.config.attempt_timeout_s,
+                          limiter=self.limiter)
         try:
             outcome = await attempt.run()
         except asyncio.CancelledError:
