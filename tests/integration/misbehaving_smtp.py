@@ -36,15 +36,10 @@ class MisbehavingSMTP:
     """Each step the server saw a client get to, in order (the dialogue as it went)."""
     port: int = 0
     _release: asyncio.Event = field(default_factory=asyncio.Event)
-    _stalled: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def url(self) -> str:
         return f"smtp://127.0.0.1:{self.port}"
-
-    async def stalled(self) -> None:
-        """Returns once a client is being stalled (so a test can act while it hangs)."""
-        await self._stalled.wait()
 
     def release(self) -> None:
         """End every stall: the stalled connections are closed."""
@@ -56,7 +51,6 @@ class MisbehavingSMTP:
         if step != self.at:
             return False
         if self.how == "stall":
-            self._stalled.set()
             await self._release.wait()
         writer.close()
         return True
