@@ -178,11 +178,13 @@ def _location(loc: Iterable[Any]) -> str:
 def _database_errors() -> tuple[type[Exception], ...]:
     """Errors meaning the database is down or overloaded (not a bug): answered with 503."""
     import sqlite3
+    import sys
 
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
-    return (psycopg.OperationalError, PoolTimeout, sqlite3.OperationalError)
+    # psycopg's errors only when it is loaded: a server on SQLite need not install it.
+    psycopg, pool = sys.modules.get("psycopg"), sys.modules.get("psycopg_pool")
+    return (sqlite3.OperationalError,
+            *((psycopg.OperationalError,) if psycopg is not None else ()),
+            *((pool.PoolTimeout,) if pool is not None else ()))
 
 
 def install(app: FastAPI) -> None:

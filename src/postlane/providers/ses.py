@@ -41,19 +41,22 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    HTTPClientError,
-    NoCredentialsError,
-    ParamValidationError,
-    PartialCredentialsError,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
-)
+from postlane.extras import requires
+
+with requires("ses", "the SES provider"):
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        HTTPClientError,
+        NoCredentialsError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass

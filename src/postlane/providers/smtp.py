@@ -33,17 +33,20 @@ import ssl
 import time
 from dataclasses import dataclass
 
-import aiosmtplib
-from aiosmtplib import (
-    SMTPAuthenticationError,
-    SMTPDataError,
-    SMTPException,
-    SMTPRecipientRefused,
-    SMTPResponseException,
-    SMTPSenderRefused,
-    SMTPServerDisconnected,
-    SMTPTimeoutError,
-)
+from postlane.extras import requires
+
+with requires("smtp", "the SMTP provider"):
+    import aiosmtplib
+    from aiosmtplib import (
+        SMTPAuthenticationError,
+        SMTPDataError,
+        SMTPException,
+        SMTPRecipientRefused,
+        SMTPResponseException,
+        SMTPSenderRefused,
+        SMTPServerDisconnected,
+        SMTPTimeoutError,
+    )
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
