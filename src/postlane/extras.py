@@ -22,7 +22,7 @@ EXTRAS: dict[str, frozenset[str]] = {
     "smtp": frozenset({"aiosmtplib"}),
     "ses": frozenset({"boto3", "botocore"}),
     "server": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "multipart",
-                         "python_multipart", "cryptography", "markupsafe"}),
+                         "python_multipart", "cryptography"}),
     "sqlalchemy": frozenset({"sqlalchemy"}),
 }
 """extra -> the top-level modules it installs (the keys of pyproject's optional-dependencies;
