@@ -205,3 +205,22 @@ def test_the_cli_and_demo_run_without_any_extra(tmp_path: Path) -> None:
     """, tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(run.stdout.splitlines()[-1])["ok"] is True
+
+
+@pytest.mark.parametrize(("args", "extra"), [
+    (["worker", "--provider", "ses://eu-west-1"], "ses"),
+    (["--db", "postgresql://127.0.0.1/app", "status"], "postgres"),
+    (["serve"], "server"),
+])
+def test_the_cli_names_the_missing_extra_in_one_line(
+        args: list[str], extra: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    run = _run_without_extras(f"""
+        sys.argv = ["postlane", *{args!r}]
+        from postlane.cli.main import main
+        main()
+    """, tmp_path)
+    assert run.returncode == 1
+    assert run.stderr.strip().startswith("error: ")
+    assert f"needs `pip install 'postlane[{extra}]'`" in run.stderr
+    assert "Traceback" not in run.stderr
