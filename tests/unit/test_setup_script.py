@@ -145,6 +145,7 @@ def test_installing_can_be_refused(tmp_path: Path) -> None:
     (machine.state / "redis_up").touch()
     machine.install("redis-cli")
     done, calls = machine.run(POSTLANE_CI_SKIP_APT="1")
-    assert done.returncode == 1
+    assert done.returncode == 0  # only the tests that use the tools fail, each saying why
     assert "missing Debian packages" in done.stderr and "POSTLANE_CI_SKIP_APT=1" in done.stderr
+    assert "not installed: " in done.stdout
     assert calls == []
