@@ -41,7 +41,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
+from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import build_email, key_digest, sender_of
+from postlane.providers.options import ProviderURL, Secret
 
 with requires("ses", "the SES provider"):
     import boto3
@@ -57,13 +63,6 @@ with requires("ses", "the SES provider"):
     from botocore.exceptions import (
         ConnectionError as BotoConnectionError,
     )
-
-from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
-from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
-from postlane.providers.mime import build_email, key_digest, sender_of
-from postlane.providers.options import ProviderURL, Secret
 
 if TYPE_CHECKING:
     from mypy_boto3_sesv2 import SESV2Client

@@ -33,7 +33,13 @@ import ssl
 import time
 from dataclasses import dataclass
 
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome
+from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
+from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import build_email, message_id, sender_of
+from postlane.providers.options import ProviderURL, Secret, secret
 
 with requires("smtp", "the SMTP provider"):
     import aiosmtplib
@@ -47,13 +53,6 @@ with requires("smtp", "the SMTP provider"):
         SMTPServerDisconnected,
         SMTPTimeoutError,
     )
-
-from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome
-from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
-from postlane.providers.mime import build_email, message_id, sender_of
-from postlane.providers.options import ProviderURL, Secret, secret
 
 USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
 PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
