@@ -178,13 +178,13 @@ def _location(loc: Iterable[Any]) -> str:
 def _database_errors() -> tuple[type[Exception], ...]:
     """Errors meaning the database is down or overloaded (not a bug): answered with 503."""
     import sqlite3
-    import sys
 
-    # psycopg's errors only when it is loaded: a server on SQLite need not install it.
-    psycopg, pool = sys.modules.get("psycopg"), sys.modules.get("psycopg_pool")
-    return (sqlite3.OperationalError,
-            *((psycopg.OperationalError,) if psycopg is not None else ()),
-            *((pool.PoolTimeout,) if pool is not None else ()))
+    try:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # a server on SQLite need not install postlane[postgres]
+        return (sqlite3.OperationalError,)
+    return (psycopg.OperationalError, PoolTimeout, sqlite3.OperationalError)
 
 
 def install(app: FastAPI) -> None:
