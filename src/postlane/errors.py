@@ -16,6 +16,7 @@
     │   └── MissingSender         no sender on the message nor on the provider: the
     │                             adapter answers an account-level outcome, not a dead letter
     ├── ConfigurationError        a bad URL, option or lane table
+    ├── MissingExtra              a feature needs an optional package: pip install 'postlane[x]'
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
     ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
@@ -79,6 +80,16 @@ class ContentTooLarge(InvalidMessage):
 
 class ConfigurationError(PostlaneError, ValueError):
     """A URL, option or setting cannot be used as given."""
+
+
+class MissingExtra(PostlaneError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra that installs it. (An ``ImportError`` too, so code that tolerates a missing optional
+    package keeps working.)"""
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
 
 
 class StoreError(PostlaneError):

@@ -46,27 +46,29 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    HTTPClientError,
-    NoCredentialsError,
-    ParamValidationError,
-    PartialCredentialsError,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
-)
-
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
+from postlane.extras import requires
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, key_digest, sender_of
 from postlane.providers.options import ProviderURL, Secret
+
+with requires("ses", "the SES provider"):
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        HTTPClientError,
+        NoCredentialsError,
+        ParamValidationError,
+        PartialCredentialsError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
+    )
 
 if TYPE_CHECKING:
     from mypy_boto3_sesv2 import SESV2Client

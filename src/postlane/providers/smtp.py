@@ -36,24 +36,26 @@ import ssl
 import time
 from dataclasses import dataclass
 
-import aiosmtplib
-from aiosmtplib import (
-    SMTPAuthenticationError,
-    SMTPDataError,
-    SMTPException,
-    SMTPRecipientRefused,
-    SMTPResponseException,
-    SMTPSenderRefused,
-    SMTPServerDisconnected,
-    SMTPTimeoutError,
-)
-
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
 from postlane.errors import ConfigurationError, InvalidMessage
+from postlane.extras import requires
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, message_id, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
+
+with requires("smtp", "the SMTP provider"):
+    import aiosmtplib
+    from aiosmtplib import (
+        SMTPAuthenticationError,
+        SMTPDataError,
+        SMTPException,
+        SMTPRecipientRefused,
+        SMTPResponseException,
+        SMTPSenderRefused,
+        SMTPServerDisconnected,
+        SMTPTimeoutError,
+    )
 
 USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
 PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
