@@ -6,7 +6,8 @@ The application's business write and its send intent commit together or not at a
         conn.execute("INSERT INTO users ...")
         postlane.enqueue(conn, Message(key=f"welcome:{user_id}", to=email, ...))
 
-Nothing here commits: the caller's commit (or rollback) decides.
+Nothing here commits: the caller's commit (or rollback) decides. Only the caller's driver
+is imported: enqueueing through ``sqlite3`` loads neither psycopg nor anything else optional.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import Any
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import Limits, validate
 from postlane.errors import UnsupportedConnection
-from postlane.store import postgres as pg
-from postlane.store import sqlite as sq
+from postlane.store.sqlite import _producing as sq
 
 DEFAULT_LIMITS = Limits()
 
@@ -36,12 +36,16 @@ def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> 
     raw = _driver_connection(conn)
     if isinstance(raw, sqlite3.Connection):
         return sq.insert_one(raw, message)
-    import psycopg
+    if _is_psycopg(raw):
+        import psycopg
 
-    if isinstance(raw, psycopg.Connection):
-        return pg.enqueue_on_sync_connection(raw, message)
-    if isinstance(raw, psycopg.AsyncConnection):
-        raise UnsupportedConnection("an async psycopg connection needs `await enqueue_async(...)`")
+        from postlane.store import postgres as pg
+
+        if isinstance(raw, psycopg.Connection):
+            return pg.enqueue_on_sync_connection(raw, message)
+        if isinstance(raw, psycopg.AsyncConnection):
+            raise UnsupportedConnection(
+                "an async psycopg connection needs `await enqueue_async(...)`")
     raise UnsupportedConnection(
         f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}; pass a "
         "sqlite3, psycopg 3 or SQLAlchemy connection"
@@ -57,10 +61,13 @@ def enqueue_many(
     raw = _driver_connection(conn)
     if isinstance(raw, sqlite3.Connection):
         return sq.insert_many(raw, messages)
-    import psycopg
+    if _is_psycopg(raw):
+        import psycopg
 
-    if isinstance(raw, psycopg.Connection):
-        return pg.enqueue_many_on_sync_connection(raw, messages)
+        from postlane.store import postgres as pg
+
+        if isinstance(raw, psycopg.Connection):
+            return pg.enqueue_many_on_sync_connection(raw, messages)
     raise UnsupportedConnection(
         f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}"
     )
@@ -71,7 +78,11 @@ async def enqueue_async(
 ) -> EnqueueResult:
     """``enqueue`` for a ``psycopg.AsyncConnection`` in the caller's transaction."""
     validate(message, limits)
+    if not _is_psycopg(conn):
+        raise UnsupportedConnection("enqueue_async takes a psycopg.AsyncConnection")
     import psycopg
+
+    from postlane.store import postgres as pg
 
     if not isinstance(conn, psycopg.AsyncConnection):
         raise UnsupportedConnection("enqueue_async takes a psycopg.AsyncConnection")
@@ -83,11 +94,21 @@ async def enqueue_many_async(
 ) -> list[EnqueueResult]:
     for message in messages:
         validate(message, limits)
+    if not _is_psycopg(conn):
+        raise UnsupportedConnection("enqueue_many_async takes a psycopg.AsyncConnection")
     import psycopg
+
+    from postlane.store import postgres as pg
 
     if not isinstance(conn, psycopg.AsyncConnection):
         raise UnsupportedConnection("enqueue_many_async takes a psycopg.AsyncConnection")
     return await pg.enqueue_many_on_connection(conn, messages)
+
+
+def _is_psycopg(conn: Any) -> bool:
+    """Whether ``conn`` is psycopg's, asked without importing psycopg (an application on
+    sqlite3 need not have it installed, and should not pay for loading it)."""
+    return type(conn).__module__.split(".")[0] == "psycopg"
 
 
 def _driver_connection(conn: Any) -> Any:

@@ -5,7 +5,11 @@ taken from a small pool and returned for the next transaction when it ended clea
 
 Mapping (the phase matters more than the code: SMTP tells us where we are):
 
-    connect, greeting, EHLO, STARTTLS, AUTH fail; refused          transient
+    connect, greeting, EHLO, STARTTLS fail or stall; refused       transient
+    AUTH refused (535, 534, 530...), 530 "authentication required"
+    at any phase                                                   account (the breaker
+                                                                   opens; nothing spent)
+    no answer to AUTH (dropped, timed out)                         transient
     dropped or timed out at MAIL, RCPT, DATA (before the 354),
       or while the message is handed over, before the final dot    transient
     421, 450, 451, 452 (and any 4xx) at MAIL, RCPT, DATA, or "."   transient
@@ -40,28 +44,30 @@ import ssl
 import time
 from dataclasses import dataclass
 
-import aiosmtplib
-from aiosmtplib import (
-    SMTPAuthenticationError,
-    SMTPDataError,
-    SMTPException,
-    SMTPHeloError,
-    SMTPRecipientRefused,
-    SMTPResponseException,
-    SMTPSenderRefused,
-    SMTPServerDisconnected,
-    SMTPStatus,
-    SMTPTimeoutError,
-)
-from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
-
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
+from postlane.extras import requires
+from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, message_id, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
+
+with requires("smtp", "the SMTP provider"):
+    import aiosmtplib
+    from aiosmtplib import (
+        SMTPAuthenticationError,
+        SMTPDataError,
+        SMTPException,
+        SMTPHeloError,
+        SMTPRecipientRefused,
+        SMTPResponseException,
+        SMTPSenderRefused,
+        SMTPServerDisconnected,
+        SMTPStatus,
+        SMTPTimeoutError,
+    )
+    from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
 
 USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
 PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
@@ -123,6 +129,11 @@ class SMTPConfig:
         return config
 
 
+AUTH_CODES = frozenset({530, 534, 535, 538})
+"""Replies about the login (RFC 4954: authentication required, a
+stronger mechanism or encryption required, bad credentials): the account's trouble."""
+
+
 class _Connection:
     """One pooled SMTP session and what the pool needs to know about it."""
 
@@ -151,6 +162,13 @@ class SMTPProvider(Provider):
 
     name = "smtp"
     capabilities = Capabilities()  # SMTP has no idempotency and no lookup
+    needs_sender = True
+
+    def configured_sender(self) -> str | None:
+        return self.config.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        return self.config.host, self.config.port
 
     def __init__(self, config: SMTPConfig) -> None:
         self.config = config
@@ -207,7 +225,7 @@ class SMTPProvider(Provider):
             sender = sender_of(delivery, self.config.default_sender)
             data = build_email(delivery, sender).as_bytes()
         except InvalidMessage as exc:
-            return Outcome.permanent(f"refused before sending: {exc}")
+            return refused_before_sending(exc)
         msg_id = message_id(delivery.key, sender)
         progress = current_progress()
         progress.reach(Phase.QUEUED)
@@ -217,6 +235,8 @@ class SMTPProvider(Provider):
             for attempt in range(2):
                 try:
                     conn = await self._checkout(progress)
+                except SMTPAuthenticationError as exc:  # the account's login, not the message
+                    return Outcome.account(f"auth: {_describe(exc)}")
                 except (SMTPException, OSError) as exc:
                     return Outcome.transient(f"not sent: connect failed: {_describe(exc)}",
                                              phase=progress.phase)
@@ -377,6 +397,8 @@ def _outcome_of_failure(failure: _Phase, reached: Phase) -> Outcome:
 def outcome_of_reply(code: int, message: str, phase: str) -> Outcome:
     """The SMTP reply table: a refusal's class depends on its first digit."""
     response = f"{phase}: {code} {message}".strip()
+    if code in AUTH_CODES:
+        return Outcome.account(response)
     if 400 <= code < 500:
         return Outcome.transient(response)
     if 500 <= code < 600:
