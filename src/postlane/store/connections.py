@@ -63,7 +63,7 @@ def _is_async_driver(raw: Any) -> bool:
     return False
 
 
-def _sync_raw(conn: Any) -> Any:
+def raw_sync_connection(conn: Any) -> Any:
     """The DB-API connection under a sync wrapper, inside the wrapper's transaction."""
     module = _module(conn)
     if module.startswith("sqlalchemy") and not _is_async_sqlalchemy(conn):
@@ -184,7 +184,7 @@ def sync_writer(conn: Any) -> SyncWriter:
     if _is_async_sqlalchemy(conn):
         raise UnsupportedConnection(
             f"{_name(conn)} is async: use `await postlane.enqueue_async(...)`")
-    raw = _sync_raw(conn)
+    raw = raw_sync_connection(conn)
     if isinstance(raw, sqlite3.Connection):
         return _SQLite(raw)
     module = _module(raw)
