@@ -22,7 +22,7 @@ class Command(BaseCommand):  # type: ignore[misc]
 
     def run_from_argv(self, argv: list[str]) -> None:
         # Everything after the command name goes to ``postlane worker`` untouched.
-        self.execute(worker_args=argv[2:])
+        self.handle(worker_args=argv[2:])
 
     def handle(self, *args: Any, worker_args: list[str], **options: Any) -> None:
         from postlane.cli.main import app
