@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -39,15 +39,16 @@ from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxProvider
 from postlane.store import DATABASE_URL_ENV, open_store
+from postlane.store.connections import deliveries_after, last_delivery_id
 
 __all__ = ["Enqueued", "Outbox", "RecordingSandbox", "drain", "drain_async"]
 
-_COLUMNS = "id, idempotency_key, recipient, lane, template_id, subject, state"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """One delivery as the assertions see it."""
+    """One delivery as the assertions see it (the fields of ``store.connections.DELIVERY_SUMMARY``)."""
 
     id: int
     key: str
@@ -108,32 +109,28 @@ class Outbox:
         self.url = url
         self.since = self._max_id() if since is None else since
 
-    def _read(self, sql: str, conn: Any = None) -> list[tuple[Any, ...]]:
+    def _with(self, conn: Any, read: Callable[[Any], _T]) -> _T:
+        """``read`` through ``conn``, or through a connection of its own (committed rows)."""
         if conn is not None:
-            from postlane.store.connections import raw_sync_connection
-
-            cur = raw_sync_connection(conn).cursor()
-            try:
-                cur.execute(sql)
-                return [tuple(row) for row in cur.fetchall()]
-            finally:
-                cur.close()
+            return read(conn)
         if self.url.startswith("sqlite:"):
-            with sqlite3.connect(self.url[len("sqlite:///"):]) as own:
-                return list(own.execute(sql).fetchall())
+            own = sqlite3.connect(self.url[len("sqlite:///"):])
+            try:
+                return read(own)
+            finally:
+                own.close()
         import psycopg
 
-        with psycopg.connect(self.url, autocommit=True) as own:
-            return list(own.execute(sql).fetchall())
+        with psycopg.connect(self.url, autocommit=True) as pg:
+            return read(pg)
 
     def _max_id(self) -> int:
-        return int(self._read("SELECT COALESCE(MAX(id), 0) FROM postlane_deliveries")[0][0])
+        return self._with(None, last_delivery_id)
 
     def all(self, conn: Any = None) -> list[Enqueued]:
         """Every delivery enqueued since the test began, oldest first: committed ones, or
         with ``conn`` what that connection's transaction sees (its own uncommitted ones)."""
-        rows = self._read(f"SELECT {_COLUMNS} FROM postlane_deliveries "
-                          f"WHERE id > {self.since:d} ORDER BY id", conn)
+        rows = self._with(conn, lambda c: deliveries_after(c, self.since))
         return [Enqueued(*row) for row in rows]
 
     def find(self, *, to: str | None = None, key: str | None = None, lane: str | None = None,

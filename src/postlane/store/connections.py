@@ -237,3 +237,30 @@ async def async_writer(conn: Any) -> AsyncWriter:
             "psycopg 3 AsyncConnection, asyncpg, or SQLAlchemy's AsyncConnection / "
             "AsyncSession)")
     raise UnsupportedConnection(f"cannot enqueue_async through {_name(conn)}; pass {SUPPORTED}")
+
+
+# -- reading back, for tests (postlane.testing) --------------------------------------------
+DELIVERY_SUMMARY = ("id", "key", "to", "lane", "template", "subject", "state")
+
+
+def deliveries_after(conn: Any, after_id: int) -> list[tuple[Any, ...]]:
+    """The deliveries with an id above ``after_id`` as ``conn``'s transaction sees them
+    (its own uncommitted ones too), oldest first, as ``DELIVERY_SUMMARY`` tuples. ``conn``
+    is any connection ``sync_writer`` takes."""
+    cur = raw_sync_connection(conn).cursor()
+    try:
+        cur.execute("SELECT id, idempotency_key, recipient, lane, template_id, subject, state "
+                    f"FROM postlane_deliveries WHERE id > {int(after_id):d} ORDER BY id")
+        return [tuple(row) for row in cur.fetchall()]
+    finally:
+        cur.close()
+
+
+def last_delivery_id(conn: Any) -> int:
+    cur = raw_sync_connection(conn).cursor()
+    try:
+        cur.execute("SELECT COALESCE(MAX(id), 0) FROM postlane_deliveries")
+        return int(cur.fetchone()[0])
+    finally:
+        cur.close()
+
