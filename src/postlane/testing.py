@@ -48,7 +48,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
-    """One delivery as the assertions see it (the fields of ``store.connections.DELIVERY_SUMMARY``)."""
+    """One delivery as the assertions see it (``store.connections.DELIVERY_SUMMARY``)."""
 
     id: int
     key: str

@@ -126,6 +126,17 @@ def scenario() -> dict[str, Any]:
         receipt.postlane_variables = {"n": 9}  # type: ignore[attr-defined]
         receipt.send()
 
+    # 6. A misspelt setting is an error, not silently ignored.
+    from django.test import override_settings
+
+    from postlane.errors import ConfigurationError
+
+    with override_settings(POSTLANE={"LAEN": "bulk"}):
+        try:
+            send_mail("Typo", "x", None, ["gus@example.com"])
+        except ConfigurationError as exc:
+            seen["typo"] = str(exc)
+
     seen["outbox"] = [[m.key, m.to, m.lane] for m in postlane.django.outbox]
     return seen
 

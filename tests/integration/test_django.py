@@ -62,6 +62,7 @@ async def test_send_mail_in_the_callers_transaction(project: tuple[str, str, str
         1, 0, 3)
     assert (seen["send_mail"], seen["mass"], seen["fail_silently"]) == (1, 2, 0)
     assert "attachments are not supported" in seen["attachment_error"]
+    assert "unknown POSTLANE settings ['LAEN']" in seen["typo"]
     # The business rows: 1 rolled back with its email, 3 committed after a refused email.
     assert accounts(url) == [2, 3]
     keys = [k for k, _, _ in seen["outbox"]]

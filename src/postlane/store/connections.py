@@ -231,6 +231,10 @@ async def async_writer(conn: Any) -> AsyncWriter:
             return _Asyncpg(raw)
     elif _is_async_driver(raw):
         return _PsycopgAsync(raw)
+    if _is_async_sqlalchemy(conn):
+        raise UnsupportedConnection(
+            f"cannot enqueue_async through {_name(raw)} under SQLAlchemy: its async "
+            "forms work over asyncpg and psycopg 3")
     if _module(conn).startswith(("sqlite3", "psycopg", "sqlalchemy", "django")):
         raise UnsupportedConnection(
             f"{_name(conn)} is sync: use `postlane.enqueue(...)` (enqueue_async takes "
