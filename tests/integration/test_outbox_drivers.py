@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -357,3 +358,26 @@ async def test_sync_connections_refused_by_enqueue_async(pg_store: Store) -> Non
     assert await pg_store.get("k") is None
     with pytest.raises(UnsupportedConnection, match="cannot enqueue_async through"):
         await postlane.enqueue_async(object(), msg("k"))
+
+
+async def test_times_are_the_databases_and_fields_round_trip(pg_store: Store,
+                                                              tx: Callable[[], Any]) -> None:
+    """Delay and validity windows count from the transaction's ``now()`` (as on psycopg 3),
+    an absolute expiry is kept as given, on the single and the bulk form."""
+    until = datetime(2099, 1, 2, 3, 4, 5, tzinfo=UTC)
+    windowed = {"delay": timedelta(seconds=60), "expires_in": timedelta(hours=1),
+                "sender": "shop@example.com", "html": "<p>Hi</p>", "metadata": {"a": [1]}}
+    t = await tx()
+    await t.enqueue(msg("one:window", **windowed))
+    await t.enqueue(msg("one:until", expires_at=until))
+    await t.enqueue_many([msg("many:window", **windowed), msg("many:until", expires_at=until)])
+    await t.end(commit=True)
+    for form in ("one", "many"):
+        d = await pg_store.get(f"{form}:window")
+        assert d is not None
+        assert d.run_at - d.created_at == timedelta(seconds=60)
+        assert d.expires_at is not None
+        assert d.expires_at - d.created_at == timedelta(hours=1)
+        assert (d.sender, d.html, d.metadata) == ("shop@example.com", "<p>Hi</p>", {"a": [1]})
+        d = await pg_store.get(f"{form}:until")
+        assert d is not None and d.expires_at == until and d.run_at == d.created_at
