@@ -381,3 +381,31 @@ async def test_times_are_the_databases_and_fields_round_trip(pg_store: Store,
         assert (d.sender, d.html, d.metadata) == ("shop@example.com", "<p>Hi</p>", {"a": [1]})
         d = await pg_store.get(f"{form}:until")
         assert d is not None and d.expires_at == until and d.run_at == d.created_at
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "asyncpg"])
+async def test_bulk_enqueues_sharing_keys_in_opposite_orders_never_deadlock(
+    pg_store: Store, driver: str
+) -> None:
+    """As on psycopg 3 (test_outbox.py): the batch writes its rows in key order, so two
+    transactions enqueueing the same keys in opposite orders wait, never deadlock."""
+    url = pg_store.url  # type: ignore[attr-defined]
+    keys = [f"overlap:{i:03d}" for i in range(300)]
+    for round_ in range(3):
+        batches = [[msg(f"{k}:{round_}") for k in keys],
+                   [msg(f"{k}:{round_}") for k in reversed(keys)]]
+        txs = [DRIVERS[driver](url) for _ in batches]
+        for t in txs:
+            await t.open()
+            await t.execute("SELECT 1")
+
+        async def run(t: Tx, batch: list[Message]) -> list[EnqueueResult]:
+            results = await t.enqueue_many(batch)
+            await t.end(commit=True)
+            return results
+
+        results = await asyncio.gather(*(run(t, b) for t, b in zip(txs, batches, strict=True)))
+        first, second = ({r.key: r for r in rs} for rs in results)
+        assert {k: r.id for k, r in first.items()} == {k: r.id for k, r in second.items()}
+        assert all(first[k].created != second[k].created for k in first)
+    assert (await pg_store.stats()).states["pending"] == 900
