@@ -101,7 +101,8 @@ class MigrationRequired(StoreError):
 
 
 class UnsupportedConnection(PostlaneError, TypeError):
-    """``enqueue`` accepts psycopg 3, sqlite3 and SQLAlchemy connections only."""
+    """``enqueue`` was handed an object it cannot write through, or a sync connection was
+    handed to ``enqueue_async`` (or the reverse); see ``postlane.store.connections``."""
 
 
 class ReplayRefused(PostlaneError):

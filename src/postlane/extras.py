@@ -24,6 +24,10 @@ EXTRAS: dict[str, frozenset[str]] = {
     "server": frozenset({"fastapi", "starlette", "pydantic", "uvicorn", "multipart",
                          "python_multipart", "cryptography"}),
     "sqlalchemy": frozenset({"sqlalchemy"}),
+    "django": frozenset({"django"}),
+    "psycopg2": frozenset({"psycopg2"}),
+    "asyncpg": frozenset({"asyncpg"}),
+    "testing": frozenset({"pytest"}),
 }
 """extra -> the top-level modules it installs (the keys of pyproject's optional-dependencies;
 tests/unit/test_dependencies.py checks the two agree)."""
