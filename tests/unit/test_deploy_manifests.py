@@ -285,6 +285,18 @@ def test_the_image_user_is_numeric_for_run_as_non_root() -> None:
     assert user and re.fullmatch(r"[1-9]\d*(:\d+)?", user[-1]), user
 
 
+def test_the_image_installs_the_extras_the_deployments_use() -> None:
+    """A plain ``pip install .`` has no PostgreSQL driver, Redis client or HTTP server."""
+    installs = re.findall(r"pip install '?\.\[([a-z0-9,]+)\]'?", CONTAINERFILE.read_text("utf-8"))
+    assert len(installs) == 1, "the Containerfile installs no extras"
+    extras = set(installs[0].split(","))
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
+        "optional-dependencies"]
+    assert extras <= set(declared), sorted(extras - set(declared))
+    provider = config_toml()["worker"]["provider"].split(":", 1)[0]
+    assert extras >= {"postgres", "redis", "server", provider}
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kustomize_renders_the_directory() -> None:
     kubectl = shutil.which("kubectl")
