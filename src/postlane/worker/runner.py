@@ -371,7 +371,7 @@ class Worker:
         async with self._reserve_locks[lane]:
             while True:
                 asked = time.monotonic()
-                reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
+                reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s, lane)
                 if reservation.delays_s:
                     return reservation.delays_s, time.monotonic() - asked
                 if reservation.retry_in_s > 2.0:
