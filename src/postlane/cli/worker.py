@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import signal
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated
 
@@ -15,7 +16,9 @@ from rich.markup import escape
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
 from postlane.errors import ConfigurationError
-from postlane.limiter import open_limiter
+from postlane.limiter import DailyQuota, RateLimiter, open_limiter
+from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
+from postlane.providers.base import Provider
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -26,8 +29,10 @@ from postlane.worker.drain import DEFAULT_DRAIN_TIMEOUT_S, DrainResult, drain_wi
 EXIT_DRAIN_GAVE_UP = 3
 """``worker --drain`` gave up after ``--drain-timeout``: not a crash, work is left waiting."""
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h))?\s*$")
-_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h|d|day))?\s*$")
+_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
+        "d": 86400.0, "day": 86400.0}
+_DAILY = ("d", "day")
 
 
 def parse_rate(text: str) -> float:
@@ -36,6 +41,47 @@ def parse_rate(text: str) -> float:
     if not match or float(match[1]) <= 0:
         raise ConfigurationError(f"not a rate: {text!r} (expected e.g. 200/s or 12000/m)")
     return float(match[1]) / _PER[match[2]]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What ``--rate`` asks for: a per-second ceiling, a daily quota, or the provider's own."""
+
+    per_second: float | None = None
+    per_day: int | None = None
+    auto: bool = False
+
+
+def parse_limits(text: str) -> Limits:
+    """``200/s``, ``50000/d``, ``14/s,50000/d`` or ``auto`` -> the limits to enforce.
+
+    A ``/d`` (``/day``) part is a quota over any 24 hours, not a rate of quota/86400 per
+    second: it may be used in bursts (see postlane.limiter.base). At most one of each kind.
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if [part.lower() for part in parts] == ["auto"]:
+        return Limits(auto=True)
+    per_second: float | None = None
+    per_day: int | None = None
+    for part in parts:
+        match = _RATE.match(part)
+        if part.lower() == "auto":
+            raise ConfigurationError(f"--rate {text!r}: auto reads every limit from the "
+                                     "provider; give it alone")
+        rate = parse_rate(part)
+        if match is not None and match[2] in _DAILY:
+            if per_day is not None or not float(match[1]).is_integer():
+                raise ConfigurationError(f"--rate {text!r}: one daily quota, a whole number "
+                                         "of sends (e.g. 50000/d)")
+            per_day = int(float(match[1]))
+        elif per_second is not None:
+            raise ConfigurationError(f"--rate {text!r}: one per-second ceiling and at most "
+                                     "one daily quota (e.g. 14/s,50000/d)")
+        else:
+            per_second = rate
+    if per_day is not None and per_day < 2:
+        raise ConfigurationError(f"--rate {text!r}: a daily quota needs at least 2 sends")
+    return Limits(per_second, per_day)
 
 
 def _lanes(text: str | None) -> tuple[LaneConfig, ...]:
@@ -50,7 +96,17 @@ def worker(
              "Secrets belong in the environment, not on the command line.")],
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
-        help="The provider account's ceiling, e.g. 200/s. Unset: no limit.")] = None,
+        help="The provider account's ceiling: 200/s; a daily quota 50000/d; both "
+             "14/s,50000/d; or auto (read from the account, SES only, refreshed every "
+             "5 minutes). Unset: no limit.")] = None,
+    quota_burst: Annotated[float, typer.Option(
+        envvar="POSTLANE_QUOTA_BURST", show_envvar=True,
+        help="Fraction of a daily quota that may go out back to back; the rest is paced "
+             "evenly over 24 hours.")] = 0.25,
+    quota_reserve: Annotated[float, typer.Option(
+        envvar="POSTLANE_QUOTA_RESERVE", show_envvar=True,
+        help="Fraction of that burst the bulk lane may not use: kept for interactive mail "
+             "when the day's quota runs low.")] = 0.2,
     burst: Annotated[int, typer.Option(envvar="POSTLANE_BURST", show_envvar=True,
                                        help="Sends allowed back to back.")] = 1,
     headroom: Annotated[float, typer.Option(
@@ -106,22 +162,56 @@ def worker(
             lease=lease, attempt_timeout_s=attempt_timeout.total_seconds(),
             grace_s=grace.total_seconds(), drain=drain,
         )
-        ceiling = parse_rate(rate) if rate else None
+        limits = parse_limits(rate) if rate else None
+        shape = QuotaShape(burst=quota_burst, reserve=quota_reserve)
         provider_obj = open_provider(provider)
         limiter_obj = None
-        if ceiling is not None:
+        if limits is not None:
             if not 0 <= headroom < 0.5:
                 raise ConfigurationError("--headroom must be in [0, 0.5)")
-            limiter_obj = open_limiter(limiter, rate=ceiling * (1 - headroom), burst=burst,
-                                       account=provider_obj.account)
+            if limits.auto:
+                if type(provider_obj).account_limits is Provider.account_limits:
+                    raise ConfigurationError(
+                        f"--rate auto: the {provider_obj.name} provider cannot report its "
+                        "account's limits; give them with --rate (e.g. 200/s, 50000/d or "
+                        "14/s,50000/d; see docs/providers.md)")
+            else:
+                quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
+                         if limits.per_day is not None else None)
+                per_second = (limits.per_second * (1 - headroom)
+                              if limits.per_second is not None else None)
+                limiter_obj = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
+                                           account=provider_obj.account)
         elif limiter:
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
 
+    async def _auto_limiter() -> RateLimiter:
+        """The first read of the account's limits: a provider that cannot answer stops the
+        start here, rather than a worker sending with no ceiling."""
+        try:
+            account = await provider_obj.account_limits()
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise ConfigurationError(f"--rate auto: could not read the account's limits from "
+                                     f"{provider_obj.name} ({type(exc).__name__}: {exc})") from exc
+        per_second, quota = ceilings_of(account, headroom=headroom, shape=shape)
+        made = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
+                            account=provider_obj.account)
+        apply_limits(made, account, headroom=headroom, shape=shape)  # logs what it set
+        return made
+
     async def _run() -> DrainResult | None:
+        nonlocal limiter_obj
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
+            follower = None
+            if limits is not None and limits.auto:
+                limiter_obj = await _auto_limiter()
+                follower = asyncio.create_task(follow_limits(
+                    limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
             instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
             exporter = None
             if metrics_port is not None:
@@ -137,6 +227,8 @@ def worker(
                 await instance.run()
                 return None
             finally:
+                if follower is not None:
+                    follower.cancel()
                 if exporter is not None:
                     exporter.shutdown()
                 if limiter_obj is not None:
@@ -195,4 +287,4 @@ def _check_lane(lane: str, lanes: str | None) -> None:
         raise typer.BadParameter(f"unknown lane {lane!r} (configured: {', '.join(names)})")
 
 
-__all__ = ["open_store", "parse_rate", "pause", "resume", "worker"]
+__all__ = ["Limits", "open_store", "parse_limits", "parse_rate", "pause", "resume", "worker"]

@@ -11,10 +11,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
-from postlane.errors import InvalidMessage, MissingSender
+from postlane.errors import ConfigurationError, InvalidMessage, MissingSender
+
+if TYPE_CHECKING:
+    from postlane.limiter.auto import AccountLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,16 @@ class Provider(abc.ABC):
         """For reconciliation: ``accepted`` if the provider has ``key``, ``None`` if it
         does not know it. Only called when ``capabilities.can_lookup_by_key``."""
         raise NotImplementedError(f"{self.name} cannot look messages up by key")
+
+    async def account_limits(self) -> AccountLimits:
+        """The account's send limits as the provider reports them (``--rate auto``).
+
+        Most providers have no such API: their limits are documented (docs/providers.md) and
+        given with ``--rate``. Raises ``ConfigurationError`` saying so.
+        """
+        raise ConfigurationError(
+            f"--rate auto: the {self.name} provider cannot report its account's limits; give "
+            "them with --rate (e.g. 200/s, 50000/d or 14/s,50000/d; see docs/providers.md)")
 
     async def open(self) -> None:
         """Acquire connections; called once by the worker before the first send."""

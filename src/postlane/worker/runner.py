@@ -141,6 +141,8 @@ class Worker:
         # One limiter poller per lane: without it every waiting batch polls the limiter at
         # each freed slot (a thundering herd of round trips per send).
         self._reserve_locks = {name: asyncio.Lock() for name in self.lanes}
+        # When a lane's last long denial ends: a daily quota's wait is not the gate's.
+        self._slot_wait_s = {name: 0.0 for name in self.lanes}
         self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -338,12 +340,12 @@ class Worker:
                 return
             reserved = await self._reserve_slots(lane, len(to_send))
             reserved_at = time.monotonic()
-            if reserved is None:  # the gate is closed for long: give them back, unspent
-                retry_in = await self._gate_remaining()
+            if reserved is None:  # no slot for long (gate, daily quota): give them back, unspent
+                retry_in = max(await self._gate_remaining(), self._slot_wait_s[lane])
                 for delivery in to_send:
                     pending.pop(delivery.id)
-                    self._release(delivery, "rate limit gate closed", delay_s=retry_in,
-                                  event="throttled")
+                    self._release(delivery, "rate limit gate closed or daily quota used",
+                                  delay_s=retry_in, event="throttled")
                 return
             delays, uncertainty = reserved
             group, to_send = to_send[:len(delays)], to_send[len(delays):]
@@ -375,6 +377,7 @@ class Worker:
                 if reservation.delays_s:
                     return reservation.delays_s, time.monotonic() - asked
                 if reservation.retry_in_s > 2.0:
+                    self._slot_wait_s[lane] = reservation.retry_in_s
                     return None
                 self.counters["limiter_waits"] += 1
                 await asyncio.sleep(reservation.retry_in_s)
