@@ -62,22 +62,31 @@ class MemoryLimiter(RateLimiter):
                 return Reservation([], (self._gate_ns - now) / _NS)
             daily = self._daily
             d_interval = d_tau = 0
+            d_horizon = horizon_ns
             if daily is not None and self.quota is not None:
                 d_interval, d_tau, yielding_tau = daily
                 if lane in self.quota.yielding:
-                    d_tau = yielding_tau
+                    # A yielding lane books no refill ahead: slots it booked for later would
+                    # count against the reserve *now*, and interactive mail would find none.
+                    d_tau, d_horizon = yielding_tau, 0
             # A TAT in the past is an idle bucket: slots are never handed out in the past.
             tat = now if self._tat_ns is None else max(self._tat_ns, now)
             d_tat = now if self._daily_tat_ns is None else max(self._daily_tat_ns, now)
 
-            def next_start() -> int:
+            def wait() -> tuple[int, int]:
+                """(start of the next slot, how far it is beyond what the caller accepts)."""
                 start = max(now, tat - self._tau_ns)
-                return max(start, d_tat - d_tau) if d_interval else start
+                beyond = start - now - horizon_ns
+                if d_interval:
+                    d_start = max(now, d_tat - d_tau)
+                    start = max(start, d_start)
+                    beyond = max(beyond, start - now - horizon_ns, d_start - now - d_horizon)
+                return start, beyond
 
             delays: list[float] = []
             while len(delays) < n:
-                start = next_start()
-                if start - now > horizon_ns:
+                start, beyond = wait()
+                if beyond > 0:
                     break
                 delays.append((start - now) / _NS)
                 tat = max(tat, start) + self._interval_ns
@@ -87,7 +96,7 @@ class MemoryLimiter(RateLimiter):
                 self._tat_ns = tat
                 if d_interval:
                     self._daily_tat_ns = d_tat
-            retry_ns = 0 if len(delays) == n else next_start() - now - horizon_ns
+            retry_ns = 0 if len(delays) == n else wait()[1]
         return Reservation(delays, retry_ns / _NS)
 
     async def close_gate(self, until_s_from_now: float) -> None:

@@ -46,8 +46,9 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 """
 
 # KEYS[1] state hash; ARGV: interval_us, tau_us (burst - 1 intervals), n, horizon_us, and for
-# the daily quota d_interval_us (0: no quota) and d_tau_us (already reduced by the reserve for a
-# yielding lane). Returns {retry_us, delay_us...}. The same loop as MemoryLimiter.reserve.
+# the daily quota d_interval_us (0: no quota), d_tau_us (already reduced by the reserve for a
+# yielding lane) and d_horizon_us (0 for a yielding lane). Returns {retry_us, delay_us...}.
+# The same loop as MemoryLimiter.reserve.
 _RESERVE = (
     _NOW
     + """
@@ -57,6 +58,7 @@ local n = tonumber(ARGV[3])
 local horizon = tonumber(ARGV[4])
 local d_interval = tonumber(ARGV[5])
 local d_tau = tonumber(ARGV[6])
+local d_horizon = tonumber(ARGV[7])
 local state = redis.call('HMGET', KEYS[1], 'tat', 'gate', 'dtat')
 local gate = tonumber(state[2]) or 0
 if gate > now then
@@ -66,17 +68,24 @@ local tat = tonumber(state[1]) or now
 if tat < now then tat = now end
 local dtat = tonumber(state[3]) or now
 if dtat < now then dtat = now end
-local function next_start()
+local function wait()
   local start = tat - tau
   if start < now then start = now end
-  if d_interval > 0 and dtat - d_tau > start then start = dtat - d_tau end
-  return start
+  local beyond = start - now - horizon
+  if d_interval > 0 then
+    local d_start = dtat - d_tau
+    if d_start < now then d_start = now end
+    if d_start > start then start = d_start end
+    beyond = start - now - horizon
+    if d_start - now - d_horizon > beyond then beyond = d_start - now - d_horizon end
+  end
+  return start, beyond
 end
 local out = {0}
 local granted = 0
 while granted < n do
-  local start = next_start()
-  if start - now > horizon then break end
+  local start, beyond = wait()
+  if beyond > 0 then break end
   granted = granted + 1
   out[granted + 1] = start - now
   if start > tat then tat = start end
@@ -87,7 +96,8 @@ while granted < n do
   end
 end
 if granted < n then
-  out[1] = next_start() - now - horizon
+  local _, beyond = wait()
+  out[1] = beyond
 end
 if granted > 0 then
   local last = tat
@@ -213,14 +223,16 @@ class RedisLimiter(RateLimiter):
     async def reserve(self, n: int = 1, horizon_s: float = 1.0,
                       lane: str | None = None) -> Reservation:
         check_reserve_args(n, horizon_s)
+        horizon_us = round(horizon_s * _US)
         d_interval = d_tau = 0
+        d_horizon = horizon_us
         if self._daily is not None and self.quota is not None:
             d_interval, d_tau, yielding_tau = self._daily
-            if lane in self.quota.yielding:
-                d_tau = yielding_tau
+            if lane in self.quota.yielding:  # see MemoryLimiter.reserve
+                d_tau, d_horizon = yielding_tau, 0
         raw: Any = await self._reserve(
             keys=[self.key],
-            args=[self._interval_us, self._tau_us, n, round(horizon_s * _US), d_interval, d_tau],
+            args=[self._interval_us, self._tau_us, n, horizon_us, d_interval, d_tau, d_horizon],
         )
         values = [int(v) for v in raw]
         return Reservation([v / _US for v in values[1:]], values[0] / _US)
