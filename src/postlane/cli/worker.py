@@ -205,13 +205,13 @@ def worker(
 
     async def _run() -> DrainResult | None:
         nonlocal limiter_obj
+        follower = None
+        if limits is not None and limits.auto:
+            limiter_obj = await _auto_limiter()
+            follower = asyncio.create_task(follow_limits(
+                limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
-            follower = None
-            if limits is not None and limits.auto:
-                limiter_obj = await _auto_limiter()
-                follower = asyncio.create_task(follow_limits(
-                    limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
             instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
             exporter = None
             if metrics_port is not None:
