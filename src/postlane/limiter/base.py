@@ -27,7 +27,10 @@ spreads over the day, and any window of ``window_s`` (24 h) holds at most ``quot
 
 When the stock runs low the *yielding* lanes (bulk) give way first: they may not draw it below
 ``reserve`` of its size, so interactive mail still goes out when the newsletter has used the
-day. A yielding lane still gets the refill above the reserve; it is slowed, not stopped.
+day. A yielding lane still gets the refill above the reserve; it is slowed, not stopped. It
+books no refill ahead of now (its daily horizon is 0): slots booked for later count against the
+stock at once, so a bulk batch booking half a second of refill would leave interactive mail
+nothing *now*.
 """
 
 from __future__ import annotations
