@@ -349,6 +349,19 @@ async def test_quota_state_expires_when_the_stock_is_full_again(make: MakeLimite
     assert 3000 < ttl_ms <= 4000 + 100
 
 
+async def test_limit_stock_lowers_the_shared_stock_and_never_raises_it(
+        make: MakeLimiter) -> None:
+    """The account says only 4 are left (another sender, a restart): every connection sees it."""
+    told, other = make(rate=None, quota=SHORT_DAY), make(rate=None, quota=SHORT_DAY)
+    await told.limit_stock(4)
+    assert (await other.reserve(100, horizon_s=0.1)).granted == 4
+    await told.limit_stock(10)  # more left than the limiter counts: nothing handed back
+    assert (await other.reserve(1, horizon_s=0)).granted == 0
+    plain = make(rate=10, account="no-quota")
+    await plain.limit_stock(0)  # no quota: nothing to lower
+    assert (await plain.reserve(1, horizon_s=0)).granted == 1
+
+
 QUOTA_DAY_S = 2.0
 QUOTA = DailyQuota(20, window_s=QUOTA_DAY_S, burst=0.5, reserve=0.2)
 """Stock 10, paced one per 0.2 s, 2 kept back from bulk."""

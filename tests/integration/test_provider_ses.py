@@ -255,13 +255,13 @@ async def test_account_limits_come_from_get_account(stub: tuple[Stub, str]) -> N
         assert limits == AccountLimits(max_send_rate=14.0, max_24h_send=50_000,
                                        sent_last_24h=1234)
         limiter = MemoryLimiter(rate=1.0)
-        apply_limits(limiter, limits, headroom=0.02, shape=QuotaShape())
+        await apply_limits(limiter, limits, headroom=0.02, shape=QuotaShape())
         assert limiter.rate == pytest.approx(14 * 0.98)
         assert limiter.quota is not None and limiter.quota.quota == 50_000
         # SES raised the account: the next refresh follows it.
         fake.account = get_account(50.0, 200000.0, 0.0)
-        apply_limits(limiter, await provider.account_limits(), headroom=0.02,
-                     shape=QuotaShape())
+        await apply_limits(limiter, await provider.account_limits(), headroom=0.02,
+                           shape=QuotaShape())
     assert limiter.rate == pytest.approx(50 * 0.98)
     assert limiter.quota is not None and limiter.quota.quota == 200_000
     assert fake.answers["GetAccount"] == 2 and fake.answers["moto"] == 0

@@ -19,6 +19,7 @@ from postlane.limiter.auto import (
     follow_limits,
 )
 from postlane.providers.registry import open_provider
+from tests.unit.test_limiter_memory import FakeClock
 
 SES_LIKE = AccountLimits(max_send_rate=14.0, max_24h_send=50_000, sent_last_24h=1234)
 
@@ -76,10 +77,30 @@ async def test_refreshes_follow_the_account_and_a_failed_read_keeps_the_last_lim
     ]
 
 
-def test_apply_limits_keeps_the_burst() -> None:
+async def test_apply_limits_keeps_the_burst() -> None:
     limiter = MemoryLimiter(rate=1.0, burst=3)
-    apply_limits(limiter, SES_LIKE, headroom=0.5, shape=QuotaShape())
+    await apply_limits(limiter, SES_LIKE, headroom=0.5, shape=QuotaShape())
     assert (limiter.rate, limiter.burst) == (7.0, 3)
+
+
+async def test_what_the_account_sent_elsewhere_lowers_the_stock_never_raises_it() -> None:
+    """A restarted in-process limiter would offer the full stock (12,500 of 50,000); SES says
+    49,990 went out in the last 24 hours, so only 10 may go now."""
+    clock = FakeClock()
+    limiter = MemoryLimiter(rate=None, quota=DailyQuota(2), clock=clock)
+    nearly_used = AccountLimits(max_send_rate=None, max_24h_send=50_000, sent_last_24h=49_990)
+    await apply_limits(limiter, nearly_used, headroom=0, shape=QuotaShape())
+    assert (await limiter.reserve(100, horizon_s=0.5)).granted == 10
+    # A later read saying more is left does not hand back what this limiter counted.
+    await apply_limits(limiter, SES_LIKE, headroom=0, shape=QuotaShape())
+    assert (await limiter.reserve(100, horizon_s=0.5)).granted == 0
+    # Nothing left at all: the next slot is one refill away, not now.
+    limiter = MemoryLimiter(rate=None, quota=DailyQuota(50_000), clock=clock)
+    used = AccountLimits(max_send_rate=None, max_24h_send=50_000, sent_last_24h=50_000)
+    await apply_limits(limiter, used, headroom=0, shape=QuotaShape())
+    denied = await limiter.reserve(1, horizon_s=0)
+    assert denied.granted == 0
+    assert denied.retry_in_s == pytest.approx(86_400 / 37_500, abs=1e-6)
 
 
 async def test_providers_without_an_account_api_say_so() -> None:

@@ -8,10 +8,10 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_limiter_memory import FakeClock
 
 from postlane.errors import ConfigurationError
 from postlane.limiter import UNLIMITED_RATE, DailyQuota, MemoryLimiter, open_limiter
+from tests.unit.test_limiter_memory import FakeClock
 
 EPS = 1e-9
 INTERVAL = math.ceil(100e9 / 75) / 1e9  # DAY's pace, in seconds

@@ -200,7 +200,7 @@ def worker(
         per_second, quota = ceilings_of(account, headroom=headroom, shape=shape)
         made = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
                             account=provider_obj.account)
-        apply_limits(made, account, headroom=headroom, shape=shape)  # logs what it set
+        await apply_limits(made, account, headroom=headroom, shape=shape)
         return made
 
     async def _run() -> DrainResult | None:

@@ -33,8 +33,8 @@ class AccountLimits:
     max_24h_send: int | None
     """Sends in any 24 hours; None when unlimited (SES says -1)."""
     sent_last_24h: int | None = None
-    """What the account sent in the last 24 hours, by anyone (logged: the limiter counts only
-    its own sends)."""
+    """What the account sent in the last 24 hours, by anyone: the daily stock is never more
+    than the quota less this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,17 +65,20 @@ def ceilings_of(limits: AccountLimits, *, headroom: float,
     return rate, quota
 
 
-def apply_limits(limiter: RateLimiter, limits: AccountLimits, *, headroom: float,
-                 shape: QuotaShape) -> None:
-    """Set the limiter's ceilings from the account's, logging what changed."""
+async def apply_limits(limiter: RateLimiter, limits: AccountLimits, *, headroom: float,
+                       shape: QuotaShape) -> None:
+    """Set the limiter's ceilings from the account's, logging what changed, and let no more of
+    the daily stock go now than the account has left (it counts sends this limiter did not
+    see: a restart of an in-process limiter, another sender)."""
     rate, quota = ceilings_of(limits, headroom=headroom, shape=shape)
-    if math.isclose(limiter.rate, rate or UNLIMITED_RATE) and limiter.quota == quota:
-        return
-    limiter.set_ceilings(rate=rate, burst=limiter.burst, quota=quota)
-    log.info("provider account limits: %s/s, %s per 24 h (sent in the last 24 h: %s); "
-             "limiter now %.4g/s%s", limits.max_send_rate, limits.max_24h_send,
-             limits.sent_last_24h, limiter.rate,
-             f", {quota.quota} per 24 h" if quota else "")
+    if not (math.isclose(limiter.rate, rate or UNLIMITED_RATE) and limiter.quota == quota):
+        limiter.set_ceilings(rate=rate, burst=limiter.burst, quota=quota)
+        log.info("provider account limits: %s/s, %s per 24 h (sent in the last 24 h: %s); "
+                 "limiter now %.4g/s%s", limits.max_send_rate, limits.max_24h_send,
+                 limits.sent_last_24h, limiter.rate,
+                 f", {quota.quota} per 24 h" if quota else "")
+    if quota is not None and limits.max_24h_send and limits.sent_last_24h is not None:
+        await limiter.limit_stock(limits.max_24h_send - limits.sent_last_24h)
 
 
 async def follow_limits(
@@ -91,7 +94,7 @@ async def follow_limits(
     while True:
         await sleep(every_s)
         try:
-            apply_limits(limiter, await read(), headroom=headroom, shape=shape)
+            await apply_limits(limiter, await read(), headroom=headroom, shape=shape)
         except Exception as exc:  # the provider's API is down: keep the last limits
             log.warning("could not refresh the provider account's limits (%s: %s); "
                         "keeping %.4g/s%s", type(exc).__name__, exc, limiter.rate,

@@ -176,6 +176,13 @@ class RateLimiter(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def limit_stock(self, remaining: int) -> None:
+        """Let no more than ``remaining`` sends of the daily quota go out now (the provider
+        counted sends this limiter did not see: another sender, a restart). Only ever lowers
+        the stock; sends this limiter counted already are not counted twice. No-op without a
+        quota."""
+
+    @abc.abstractmethod
     async def close_gate(self, until_s_from_now: float) -> None:
         """Close the account's gate for every worker for ``until_s_from_now`` seconds.
 

@@ -99,6 +99,16 @@ class MemoryLimiter(RateLimiter):
             retry_ns = 0 if len(delays) == n else wait()[1]
         return Reservation(delays, retry_ns / _NS)
 
+    async def limit_stock(self, remaining: int) -> None:
+        if self._daily is None:
+            return
+        interval, tau, _ = self._daily
+        with self._lock:
+            now = self._now_ns()
+            floor = now + tau + interval - max(0, remaining) * interval
+            if self._daily_tat_ns is None or floor > self._daily_tat_ns:
+                self._daily_tat_ns = floor
+
     async def close_gate(self, until_s_from_now: float) -> None:
         check_gate_args(until_s_from_now)
         with self._lock:

@@ -116,6 +116,28 @@ return out
 """
 )
 
+# KEYS[1] state hash; ARGV: d_interval_us, d_tau_us, remaining. Raises dtat so that at most
+# ``remaining`` slots of the daily stock are free now; never lowers it.
+_LIMIT_STOCK = (
+    _NOW
+    + """
+local d_interval = tonumber(ARGV[1])
+local floor = now + tonumber(ARGV[2]) + d_interval - tonumber(ARGV[3]) * d_interval
+local state = redis.call('HMGET', KEYS[1], 'tat', 'gate', 'dtat')
+local dtat = tonumber(state[3]) or 0
+if floor > dtat then
+  redis.call('HSET', KEYS[1], 'dtat', string.format('%.0f', floor))
+  local last = floor
+  local tat = tonumber(state[1]) or 0
+  local gate = tonumber(state[2]) or 0
+  if tat > last then last = tat end
+  if gate > last then last = gate end
+  redis.call('PEXPIRE', KEYS[1], math.ceil((last - now) / 1000) + 1000)
+end
+return 0
+"""
+)
+
 # KEYS[1] state hash; ARGV: until_us. Extends the gate, never shortens it. Returns gate - now.
 _CLOSE_GATE = (
     _NOW
@@ -153,7 +175,7 @@ class RedisLimiter(RateLimiter):
     """GCRA in Redis, shared by every process and host that uses the same key.
 
     Pass a client you own (``owns_client=False``, the default: ``close`` leaves it open) or use
-    ``from_url``. The three scripts are registered once here and run by EVALSHA afterwards.
+    ``from_url``. The scripts are registered once here and run by EVALSHA afterwards.
     """
 
     def __init__(
@@ -177,6 +199,7 @@ class RedisLimiter(RateLimiter):
         self._reserve = client.register_script(_RESERVE)
         self._close_gate = client.register_script(_CLOSE_GATE)
         self._gate_remaining = client.register_script(_GATE_REMAINING)
+        self._limit_stock = client.register_script(_LIMIT_STOCK)
 
     def _ceilings_changed(self) -> None:
         if self.rate > MAX_RATE:
@@ -236,6 +259,12 @@ class RedisLimiter(RateLimiter):
         )
         values = [int(v) for v in raw]
         return Reservation([v / _US for v in values[1:]], values[0] / _US)
+
+    async def limit_stock(self, remaining: int) -> None:
+        if self._daily is None:
+            return
+        interval, tau, _ = self._daily
+        await self._limit_stock(keys=[self.key], args=[interval, tau, max(0, remaining)])
 
     async def close_gate(self, until_s_from_now: float) -> None:
         check_gate_args(until_s_from_now)
