@@ -18,7 +18,7 @@ from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
 from postlane.errors import ConfigurationError
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
-from postlane.providers.base import Provider
+from postlane.providers.base import no_account_limits, reports_account_limits
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -170,11 +170,8 @@ def worker(
             if not 0 <= headroom < 0.5:
                 raise ConfigurationError("--headroom must be in [0, 0.5)")
             if limits.auto:
-                if type(provider_obj).account_limits is Provider.account_limits:
-                    raise ConfigurationError(
-                        f"--rate auto: the {provider_obj.name} provider cannot report its "
-                        "account's limits; give them with --rate (e.g. 200/s, 50000/d or "
-                        "14/s,50000/d; see docs/providers.md)")
+                if not reports_account_limits(provider_obj):
+                    raise ConfigurationError(no_account_limits(provider_obj))
             else:
                 quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
                          if limits.per_day is not None else None)
@@ -192,9 +189,10 @@ def worker(
         start here, rather than a worker sending with no ceiling."""
         try:
             account = await provider_obj.account_limits()
-        except ConfigurationError:
-            raise
         except Exception as exc:
+            await provider_obj.close()
+            if isinstance(exc, ConfigurationError):
+                raise
             raise ConfigurationError(f"--rate auto: could not read the account's limits from "
                                      f"{provider_obj.name} ({type(exc).__name__}: {exc})") from exc
         per_second, quota = ceilings_of(account, headroom=headroom, shape=shape)

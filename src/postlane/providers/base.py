@@ -68,9 +68,7 @@ class Provider(abc.ABC):
         Most providers have no such API: their limits are documented (docs/providers.md) and
         given with ``--rate``. Raises ``ConfigurationError`` saying so.
         """
-        raise ConfigurationError(
-            f"--rate auto: the {self.name} provider cannot report its account's limits; give "
-            "them with --rate (e.g. 200/s, 50000/d or 14/s,50000/d; see docs/providers.md)")
+        raise ConfigurationError(no_account_limits(self))
 
     async def open(self) -> None:
         """Acquire connections; called once by the worker before the first send."""
@@ -79,6 +77,18 @@ class Provider(abc.ABC):
     async def close(self) -> None:
         """Release connections; called once when the worker stops."""
         return None
+
+
+def reports_account_limits(provider: Provider) -> bool:
+    """Whether ``provider`` can answer ``account_limits`` (checked before a worker starts)."""
+    return type(provider).account_limits is not Provider.account_limits
+
+
+def no_account_limits(provider: Provider) -> str:
+    """Why ``--rate auto`` cannot work with ``provider``, and what to do instead."""
+    return (f"--rate auto: the {provider.name} provider cannot report its account's limits; "
+            "give them with --rate (e.g. 200/s, 50000/d or 14/s,50000/d; see "
+            "docs/providers.md)")
 
 
 def refused_before_sending(exc: InvalidMessage) -> Outcome:
