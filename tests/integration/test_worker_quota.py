@@ -4,9 +4,13 @@ still goes out from the reserve."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
-from conftest import SideDB, msg
+from conftest import SideDB, msg, store_url
 from worker_helpers import (
     Provider,
     event_kinds,
@@ -54,3 +58,27 @@ async def test_bulk_yields_the_reserve_and_interactive_mail_still_goes_out(
     assert all(d.attempts == 0 for d in waiting)
     for d in waiting:
         assert (await event_kinds(store, d.id)).count("throttled") == 1
+
+
+async def test_worker_cli_keeps_to_a_daily_quota_and_says_so_when_a_drain_gives_up(
+    store: Store, tmp_path: Path,
+) -> None:
+    """``--rate 20/d``: a stock of 10, 2 of it kept from bulk. Twelve bulk messages and one
+    reset: the reset goes, bulk takes the stock down to the reserve (8, or 7 when the reset
+    went first), the rest waits for the refill (over an hour away), and the bounded drain
+    says why it gave up."""
+    await store.enqueue_many([msg(f"digest:{i}", lane="bulk") for i in range(12)])
+    reset = await store.enqueue(msg("reset:1"))
+    done = await asyncio.to_thread(subprocess.run, [
+        str(Path(sys.executable).with_name("postlane")), "--db", store_url(store), "worker",
+        "--provider", "noop://", "--rate", "20/d", "--quota-burst", "0.5",
+        "--quota-reserve", "0.2", "--drain", "--drain-timeout", "2s", "--concurrency", "4",
+        "--batch-size", "20"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert (await store.get(reset.id)).state is State.SENT  # type: ignore[union-attr]
+    states = (await store.stats()).states
+    sent, pending = states.get("sent", 0), states.get("pending", 0)
+    assert sent in (8, 9) and pending == 13 - sent, states
+    said = " ".join(done.stderr.split())
+    assert f"{pending} deliveries still waiting" in said, said[-400:]
+    assert "a daily quota of 20 may hold the rest" in said, said[-400:]
