@@ -43,7 +43,7 @@ async def test_bulk_yields_the_reserve_and_interactive_mail_still_goes_out(
                    for d in ds) == 25
 
     async with running(Worker(store, provider, limiter=limiter, config=fast_config())):
-        await wait_until(bulk_put_back, what="bulk to stop at the reserve")
+        await wait_until(bulk_put_back, timeout=30, what="bulk to stop at the reserve")
         resets = await store.enqueue_many([msg(f"reset:{i}") for i in range(3)])
         for reset in resets:
             await in_state(store, reset.id, State.SENT, timeout=5)

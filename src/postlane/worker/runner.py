@@ -341,7 +341,8 @@ class Worker:
             reserved = await self._reserve_slots(lane, len(to_send))
             reserved_at = time.monotonic()
             if reserved is None:  # no slot for long (gate, daily quota): give them back, unspent
-                retry_in = max(await self._gate_remaining(), self._slot_wait_s[lane])
+                quota_wait = self._slot_wait_s[lane]  # read before another batch resets it
+                retry_in = max(await self._gate_remaining(), quota_wait)
                 for delivery in to_send:
                     pending.pop(delivery.id)
                     self._release(delivery, "rate limit gate closed or daily quota used",
@@ -371,6 +372,7 @@ class Worker:
         if self.limiter is None:
             return [0.0] * n, 0.0
         async with self._reserve_locks[lane]:
+            self._slot_wait_s[lane] = 0.0
             while True:
                 asked = time.monotonic()
                 reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s, lane)
@@ -424,7 +426,8 @@ class Worker:
                         uncertainty_s: float = 0.0) -> None:
         try:
             slot = await self._wait_for_slot(lane.name, delay_s, uncertainty_s)
-            gate = 0.0 if slot else await self._gate_remaining()
+            quota_wait = self._slot_wait_s[lane.name]
+            gate = 0.0 if slot else max(await self._gate_remaining(), quota_wait)
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
