@@ -9,12 +9,12 @@ import typer
 from rich.table import Table
 
 from postlane.api.keys import SCOPES, create_key
-from postlane.cli.main import console, run_with_store
+from postlane.cli.shell import console, run_with_store
 from postlane.errors import ConfigurationError
 from postlane.store.base import ApiKey, Store
 
 apikey = typer.Typer(help="API keys for the HTTP API and the dashboard (stored hashed).",
-                     no_args_is_help=True)
+                     no_args_is_help=True, rich_markup_mode=None)
 
 
 def _json(key: ApiKey) -> dict[str, object]:

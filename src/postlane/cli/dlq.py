@@ -11,13 +11,13 @@ import typer
 from rich.table import Table
 
 from postlane.cli.durations import duration_option
-from postlane.cli.main import console, delivery_json, run_with_store
+from postlane.cli.shell import console, delivery_json, run_with_store
 from postlane.core.validation import redact_address
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
 from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
 
 dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 
 Reason = Annotated[str | None, typer.Option(help="Only this reason (permanent, "
                                                  "budget_exhausted, expired, handler_error).")]

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from postlane.cli.main import console, err_console, run_with_store
+from postlane.cli.shell import console, err_console, run_with_store
 from postlane.errors import ImportRejected, PostlaneError
 from postlane.imports import (
     DEFAULT_BATCH_SIZE,
@@ -25,7 +25,7 @@ from postlane.imports import (
 from postlane.store.base import ImportRecord, Store
 
 imports = typer.Typer(help="Bulk imports as an operator sees them: show, list, pause, resume.",
-                      no_args_is_help=True)
+                      no_args_is_help=True, rich_markup_mode=None)
 
 SHOWN_PROBLEMS = 50
 

@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from postlane.cli.main import console, run_with_store
+from postlane.cli.shell import console, run_with_store
 from postlane.core.validation import check_address, redact_address
 from postlane.errors import InvalidAddress
 from postlane.store.base import Store, Suppression
 
 suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode=None)
 
 
 @suppress.command("list")

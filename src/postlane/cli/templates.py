@@ -8,14 +8,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from postlane.cli.main import console, run_with_store
+from postlane.cli.shell import console, run_with_store
 from postlane.errors import UnknownTemplate
 from postlane.store.base import Store, TemplateVersion
 from postlane.templates import add_template, delete_template, deprecate_template
 
 templates = typer.Typer(
     help="Versioned templates: a message is rendered once, at enqueue; editing adds a version.",
-    no_args_is_help=True,
+    no_args_is_help=True, rich_markup_mode=None,
 )
 
 

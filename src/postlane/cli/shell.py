@@ -1,0 +1,91 @@
+"""What every ``postlane`` command shares: the consoles, the context, running against a store.
+
+Below ``cli/main.py`` and every command module, so a command imports these helpers without
+importing the module that registers it (no circle, no registration at a distance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from postlane.core.message import Delivery
+from postlane.errors import PostlaneError
+from postlane.store import Store, open_store
+from postlane.store.migrations import ensure_migrated
+
+T = TypeVar("T")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Context:
+    """``ctx.obj`` of every command: what the global options named."""
+
+    def __init__(self, db: str, *, db_explicit: bool, log_format: str = "text") -> None:
+        self.db = db
+        self.db_explicit = db_explicit
+        """Whether --db, the environment or the config file named a database."""
+        self.log_format = log_format
+        """``text`` or ``json``: how ``worker`` and ``serve`` write their log lines."""
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    """Run ``coro``; a Postlane error becomes a one-line message and exit status 1."""
+
+    async def _await() -> T:
+        return await coro
+
+    try:
+        return asyncio.run(_await())
+    except PostlaneError as exc:
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+def one_line(text: str) -> str:
+    """A driver's multi-line message (psycopg's ``connection failed: ...\\nMultiple
+    connection attempts failed...``) as one line an operator can grep."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def run_with_store(
+    ctx: typer.Context, action: Callable[[Store], Awaitable[T]], *, migrated: bool = True
+) -> T:
+    """Open the store named by ``--db``, run ``action``, and turn Postlane errors into exit 1."""
+
+    async def _run() -> T:
+        async with open_store(ctx.obj.db) as store:
+            if migrated:
+                ensure_migrated(await store.pending_migrations())
+            return await action(store)
+
+    return run_async(_run())
+
+
+def delivery_json(delivery: Delivery) -> dict[str, Any]:
+    """A delivery as JSON for ``--json`` output (recipient included: the operator asked)."""
+
+    def _t(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {
+        "id": delivery.id, "key": delivery.key, "state": str(delivery.state),
+        "lane": delivery.lane, "channel": delivery.channel, "to": delivery.recipient,
+        "subject": delivery.subject, "attempts": delivery.attempts,
+        "run_at": _t(delivery.run_at), "expires_at": _t(delivery.expires_at),
+        "created_at": _t(delivery.created_at), "sent_at": _t(delivery.sent_at),
+        "provider_message_id": delivery.provider_message_id,
+        "dead_reason": delivery.dead_reason, "last_error": delivery.last_error,
+    }
+
+
+__all__ = ["Context", "console", "delivery_json", "err_console", "one_line", "run_async",
+           "run_with_store"]
