@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from postlane.core.validation import redact_address
+from postlane.core.validation import redact_addresses
 from postlane.store import redact_url
 
 LOG_FORMATS = ("text", "json")
@@ -30,14 +30,8 @@ QUIET_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "aiobotocore", "urlli
 SEND_FIELDS = ("delivery_id", "provider_message_id", "lane", "attempt")
 """``extra=`` keys a log call may pass; the JSON format writes them as fields."""
 
-_ADDRESS = re.compile(r"[^\s<>()\[\]{}\"',;:=]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _DELIVERY_LINE = re.compile(r"^delivery %[ds]\b")
 _SECRET_NAME = re.compile(r"pass|secret|token|key|auth|credential", re.IGNORECASE)
-
-
-def redact_text(text: str) -> str:
-    """Every address in ``text`` as ``a***@example.com``."""
-    return _ADDRESS.sub(lambda m: redact_address(m.group(0)), text)
 
 
 def redact_setting(name: str, value: Any) -> Any:
@@ -70,7 +64,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record))
+        return redact_addresses(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -82,7 +76,7 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": redact_text(record.getMessage()),
+            "message": redact_addresses(record.getMessage()),
         }
         for name in (*SEND_FIELDS, "configuration"):
             value = getattr(record, name, None)
@@ -93,7 +87,7 @@ class JsonFormatter(logging.Formatter):
             # "delivery %d: ..." lines that predate extra= still carry their id as a field.
             data["delivery_id"] = record.args[0]
         if record.exc_info:
-            data["exception"] = redact_text(self.formatException(record.exc_info))
+            data["exception"] = redact_addresses(self.formatException(record.exc_info))
         return json.dumps(data, default=str)
 
 
@@ -122,5 +116,4 @@ def log_effective_configuration(logger: logging.Logger, what: str,
 
 
 __all__ = ["LOG_FORMATS", "QUIET_LOGGERS", "JsonFormatter", "TextFormatter",
-           "configure_logging", "log_effective_configuration", "redact_setting",
-           "redact_text"]
+           "configure_logging", "log_effective_configuration", "redact_setting"]

@@ -343,3 +343,13 @@ def redact_address(address: str) -> str:
     if not sep:
         return "***" if len(address) < 4 else address[:2] + "***"
     return f"{local[:1]}***@{domain}"
+
+
+_ADDRESS_IN_TEXT = re.compile(r"[^\s<>()\[\]\"',;:=]+@[^\s<>()\[\]\"',;:]+")
+
+
+def redact_addresses(text: str) -> str:
+    """Every address inside free text (a provider's answer, a log line) redacted as by
+    ``redact_address``: an SMTP 550 often quotes the recipient."""
+    return _ADDRESS_IN_TEXT.sub(lambda m: redact_address(m.group(0)), text)
+
