@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from postlane.cli import apikeys as apikeys_cli
 from postlane.cli import check as check_cli
@@ -36,6 +35,7 @@ from postlane.cli.shell import (
     err_console,
     run_async,
     run_with_store,
+    table,
 )
 from postlane.core.message import Delivery, Message
 from postlane.logs import LOG_FORMATS
@@ -140,21 +140,20 @@ def status(
     if as_json:
         print(json.dumps(stats))
         return
-    table = Table(title="lanes")
-    table.add_column("lane")
-    table.add_column("depth", justify="right")
-    table.add_column("oldest age (s)", justify="right")
+    grid = table("lane", "depth", "oldest age (s)", title="lanes", right=("depth",
+                                                                        "oldest age (s)"))
     for name, lane in stats["lanes"].items():
-        table.add_row(name, str(lane["depth"]), f"{lane['oldest_age_s']:.1f}")
-    console.print(table)
+        grid.add_row(name, str(lane["depth"]), f"{lane['oldest_age_s']:.1f}")
+    console.print(grid)
     console.print("states:  " + "  ".join(f"{k}={v}" for k, v in stats["states"].items()))
     console.print("attempts: " + ("  ".join(f"#{k}={v}" for k, v in stats["attempts"].items())
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
     if stats["paused_lanes"] or stats["paused_imports"]:
-        console.print(f"[yellow]paused:[/yellow] lanes {stats['paused_lanes']} "
-                      f"imports {stats['paused_imports']}")
+        console.print(f"[yellow]paused:[/yellow] lanes "
+                      f"{escape(', '.join(stats['paused_lanes']) or 'none')}; imports "
+                      f"{escape(', '.join(stats['paused_imports']) or 'none')}")
     for account, record in stats["breakers"].items():
         console.print(f"[red]breaker {account}: {record['state']}[/red] "
                       f"({escape(breaker_reason(record))})")

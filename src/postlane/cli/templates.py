@@ -134,7 +134,3 @@ def delete(ctx: typer.Context,
 
     run_with_store(ctx, _delete)
     console.print(f"template {name} deleted")
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(templates, name="templates")
