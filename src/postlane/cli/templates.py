@@ -6,9 +6,8 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from postlane.cli.shell import console, run_with_store
+from postlane.cli.shell import console, run_with_store, table, when
 from postlane.errors import UnknownTemplate
 from postlane.store.base import Store, TemplateVersion
 from postlane.templates import add_template, delete_template, deprecate_template
@@ -68,13 +67,12 @@ def list_(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] =
     if not found:
         console.print("no templates")
         return
-    table = Table()
-    for column in ("name", "version", "deprecated", "subject", "updated"):
-        table.add_column(column)
+    grid = table("name", "version", "deprecated", "subject", "updated (UTC)",
+                 right=("version",))
     for t in found:
-        table.add_row(t.name, str(t.version), "yes" if t.deprecated else "",
-                      t.subject, t.created_at.strftime("%Y-%m-%d %H:%M:%S"))
-    console.print(table)
+        grid.add_row(t.name, str(t.version), "yes" if t.deprecated else "", t.subject,
+                     when(t.created_at))
+    console.print(grid, markup=False, highlight=False)
 
 
 @templates.command("show")
