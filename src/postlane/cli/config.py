@@ -68,9 +68,12 @@ def unknown_key(settings: dict[str, Any], command: Any,
             continue
         if key in options and not isinstance(value, dict):
             continue
-        known = sorted(options | set(subcommands))
-        close = difflib.get_close_matches(key, known, n=1)
+        if key in options:
+            return f"{key!r} in {where} is an option: give it a value, not a table"
         kind = "table" if isinstance(value, dict) else "key"
+        known = sorted(set(subcommands) if kind == "table" else options) \
+            or sorted(options | set(subcommands))
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
         hint = (f"did you mean {close[0]!r}?" if close
                 else f"known: {', '.join(known) or 'none'}")
         return f"unknown {kind} {key!r} in {where} ({hint})"
