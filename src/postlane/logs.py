@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from postlane.core.validation import redact_addresses
 from postlane.store import redact_url
@@ -51,9 +51,10 @@ def redact_setting(name: str, value: Any) -> Any:
             parts = urlsplit(redact_url(text))
         except ValueError:
             return "<unparseable URL>"
-        query = [(k, "***" if _SECRET_NAME.search(k) else v)
-                 for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-        return parts._replace(query=urlencode(query, safe="*/:@")).geturl()
+        query = "&".join(
+            f"{pair.partition('=')[0]}=***" if _SECRET_NAME.search(unquote(pair.partition("=")[0]))
+            else pair for pair in parts.query.split("&")) if parts.query else ""
+        return parts._replace(query=query).geturl()
     return text
 
 
