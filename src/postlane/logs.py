@@ -14,7 +14,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -39,6 +39,8 @@ def redact_setting(name: str, value: Any) -> Any:
     URLs lose their password and any query option named like a secret (``api_key=``)."""
     if value is None or isinstance(value, bool | int | float):
         return value
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g}s"
     if isinstance(value, Mapping):
         return {k: redact_setting(str(k), v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -47,14 +49,17 @@ def redact_setting(name: str, value: Any) -> Any:
     if _SECRET_NAME.search(name):
         return "***"
     if "://" in text:
+        redacted = redact_url(text)
         try:
-            parts = urlsplit(redact_url(text))
+            query = urlsplit(redacted).query
         except ValueError:
             return "<unparseable URL>"
-        query = "&".join(
-            f"{pair.partition('=')[0]}=***" if _SECRET_NAME.search(unquote(pair.partition("=")[0]))
-            else pair for pair in parts.query.split("&")) if parts.query else ""
-        return parts._replace(query=query).geturl()
+        if query:  # rebuilt by hand: geturl() would turn sqlite:///x.db into sqlite:/x.db
+            hidden = "&".join(f"{pair.partition('=')[0]}=***"
+                              if _SECRET_NAME.search(unquote(pair.partition("=")[0])) else pair
+                              for pair in query.split("&"))
+            redacted = redacted.replace("?" + query, "?" + hidden, 1)
+        return redacted
     return text
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
@@ -76,6 +77,8 @@ def test_an_exception_stays_on_its_line() -> None:
     ("limiter", "redis://:hunter2@redis:6379/0", "redis://:***@redis:6379/0"),
     ("webhook_secret", "whsec_abc", "***"),
     ("rate", "200/s", "200/s"),
+    ("db", "sqlite:///relative.db", "sqlite:///relative.db"),
+    ("lease", timedelta(seconds=30), "30s"),
     ("concurrency", 200, 200),
     ("drain", False, False),
     ("provider", None, None),
