@@ -12,7 +12,6 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-
 from conftest import PG_ADMIN_URL
 
 from .conftest import Launcher, record_url
