@@ -173,16 +173,16 @@ def list_(
     if not records:
         console.print("no imports")
         return
-    grid = table("import", "template", "file", "started (UTC)", "rows read", "enqueued",
-                 "skipped", "status", right=("rows read", "enqueued", "skipped"))
+    grid = table("import", "template", "file", "started (UTC)", "rows", "status",
+                 keep=("import",))
     for r in records:
         why = failed(r.import_id)
         state = ("failed: " + why if why else "finished" if r.finished_at else "not finished")
         if IMPORT_PAUSE + r.import_id in controls:
             state += ", paused"
         grid.add_row(r.import_id, f"{r.template} v{r.template_version}", r.file_name,
-                     _t(r.last_started_at), str(r.rows_read), str(r.rows_enqueued),
-                     str(r.rows_skipped), state)
+                     _t(r.last_started_at), f"{r.rows_read} read, {r.rows_enqueued} "
+                     f"enqueued, {r.rows_skipped} skipped", state)
     console.print(grid, markup=False, highlight=False)
 
 

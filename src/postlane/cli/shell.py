@@ -77,12 +77,16 @@ def table(*columns: str, title: str | None = None, right: tuple[str, ...] = (),
     """A table that stays readable at 80 columns: light borders, and cells that wrap or fold
     rather than end in ``…`` (a cut key or date is useless to an operator on call).
 
-    ``right``: columns of numbers; ``keep``: short values (a reason, an id) never broken.
+    ``right``: columns of numbers; ``keep``: values never broken (an id, a key, a reason),
+    others wrap first. No header word is split, and a ``(UTC)`` column keeps its date whole.
     """
     grid = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
     for column in columns:
+        shortest = max(len(word) for word in column.split())
+        if column.endswith("(UTC)"):
+            shortest = max(shortest, len("2026-12-01"))
         grid.add_column(column, justify="right" if column in right else "left",
-                        overflow="fold", no_wrap=column in keep)
+                        overflow="fold", no_wrap=column in keep, min_width=shortest)
     return grid
 
 

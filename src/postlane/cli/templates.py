@@ -67,11 +67,10 @@ def list_(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] =
     if not found:
         console.print("no templates")
         return
-    grid = table("name", "version", "deprecated", "subject", "updated (UTC)",
-                 right=("version",))
+    grid = table("name", "version", "subject", "updated (UTC)", keep=("name",))
     for t in found:
-        grid.add_row(t.name, str(t.version), "yes" if t.deprecated else "", t.subject,
-                     when(t.created_at))
+        grid.add_row(t.name, f"{t.version}, deprecated" if t.deprecated else str(t.version),
+                     t.subject, when(t.created_at))
     console.print(grid, markup=False, highlight=False)
 
 
