@@ -30,7 +30,8 @@ QUIET_LOGGERS = ("httpx", "httpcore", "botocore", "boto3", "aiobotocore", "urlli
 SEND_FIELDS = ("delivery_id", "provider_message_id", "lane", "attempt")
 """``extra=`` keys a log call may pass; the JSON format writes them as fields."""
 
-_DELIVERY_LINE = re.compile(r"^delivery %[ds]\b")
+_DELIVERY_ID = re.compile(r"\bdelivery %d")
+_PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]")
 _SECRET_NAME = re.compile(r"pass|secret|token|key|auth|credential", re.IGNORECASE)
 
 
@@ -63,6 +64,16 @@ def redact_setting(name: str, value: Any) -> Any:
     return text
 
 
+def delivery_arg(record: logging.LogRecord) -> object | None:
+    """The id of a ``"... delivery %d ..."`` line, for the lines that pass no ``extra=``."""
+    msg = str(record.msg)
+    match = _DELIVERY_ID.search(msg)
+    if match is None or not isinstance(record.args, tuple):
+        return None
+    index = len(_PLACEHOLDER.findall(msg[:match.start()].replace("%%", "")))
+    return record.args[index] if index < len(record.args) else None
+
+
 class TextFormatter(logging.Formatter):
     """The classic ``time LEVEL logger: message`` line, with addresses redacted."""
 
@@ -88,10 +99,10 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 data[name] = value
-        if "delivery_id" not in data and _DELIVERY_LINE.match(str(record.msg)) \
-                and isinstance(record.args, tuple) and record.args:
-            # "delivery %d: ..." lines that predate extra= still carry their id as a field.
-            data["delivery_id"] = record.args[0]
+        if "delivery_id" not in data:
+            found = delivery_arg(record)
+            if found is not None:
+                data["delivery_id"] = found
         if record.exc_info:
             data["exception"] = redact_addresses(self.formatException(record.exc_info))
         return json.dumps(data, default=str)

@@ -45,6 +45,11 @@ def test_a_json_line_has_time_level_logger_message_and_the_send_fields() -> None
 def test_a_delivery_line_without_extra_still_carries_its_id() -> None:
     data = json.loads(JsonFormatter().format(record("delivery %d: %s", 7, "ambiguous")))
     assert data["delivery_id"] == 7
+    alert = record("ALERT dead letter: delivery %d (%s, lane %s, to %s) reason=%s", 41,
+                   "reset:1", "interactive", "a***@example.com", "permanent")
+    assert json.loads(JsonFormatter().format(alert))["delivery_id"] == 41
+    after = record("%s: 100%% done, delivery %d", "import", 9)
+    assert json.loads(JsonFormatter().format(after))["delivery_id"] == 9
     assert "delivery_id" not in json.loads(JsonFormatter().format(record("worker started")))
 
 
