@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 import pytest
 from conftest import PG_ADMIN_URL
 
-from .conftest import Launcher, record_url
+from .conftest import Launcher, WorkerProc, record_url, wait_until
 
 
 def _closed_port() -> int:
@@ -78,3 +80,32 @@ def test_a_worker_logs_json_lines_with_its_configuration_redacted(
     assert "s3cret-pw" not in result.stderr and "grace.hopper" not in result.stderr
     assert not [r for r in records if r["logger"].split(".")[0] in ("httpx", "httpcore")]
     assert os.path.exists(sent)
+
+
+def test_serve_logs_json_lines_and_no_address_from_a_query(
+        launcher: Launcher, sqlite_url: str) -> None:
+    launcher.cli_ok(sqlite_url, "migrate")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    log_path = launcher.workdir / "serve.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            launcher.command(sqlite_url, "--log-format", "json", "serve", "--port", str(port)),
+            cwd=launcher.workdir, env=launcher.env(), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT)
+    proc = WorkerProc("serve", popen, log_path)
+    launcher.procs.append(proc)
+    wait_until(lambda: "Application startup complete" in proc.log(), 60, "serve to start",
+               watch=[proc])
+    base = f"http://127.0.0.1:{port}"
+    assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+    httpx.get(f"{base}/v1/deliveries?recipient=heidi.lamarr%40example.com", timeout=10)
+    wait_until(lambda: "heidi" in proc.log() or "h***@example.com" in proc.log(), 30,
+               "the access line", watch=[proc])
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)  # uvicorn re-raises SIGTERM once it has shut down: -15, not 0
+    records = [json.loads(line) for line in proc.log().splitlines()]  # every line is JSON
+    assert [r for r in records if r["message"].startswith("serve configuration:")]
+    assert any(r["logger"] == "uvicorn.access" for r in records)
+    assert "heidi" not in proc.log()

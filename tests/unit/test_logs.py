@@ -159,3 +159,5 @@ def test_masks_tell_similar_addresses_apart() -> None:
 def test_addresses_inside_text_are_redacted() -> None:
     assert redact_addresses("550 5.1.1 <dave@example.com>: unknown, to=erin@example.org") \
         == "550 5.1.1 <d***@example.com>: unknown, to=e***@example.org"
+    assert redact_addresses('"GET /v1/deliveries?recipient=frank%40example.com&x=1 HTTP/1.1"') \
+        == '"GET /v1/deliveries?recipient=f***@example.com&x=1 HTTP/1.1"'

@@ -346,13 +346,15 @@ def redact_address(address: str) -> str:
     return f"{local[:1]}***@{domain}"
 
 
-_ADDRESS_IN_TEXT = re.compile(r"[^\s<>()\[\]\"',;:=]+@[^\s<>()\[\]\"',;:]+")
+_ADDRESS_IN_TEXT = re.compile(
+    r"[^\s<>()\[\]\"',;:=&?/]+(?:@|%40)[^\s<>()\[\]\"',;:&?/]+", re.IGNORECASE)
 
 
 def redact_addresses(text: str) -> str:
-    """Every address inside free text (a provider's answer, a log line) redacted as by
-    ``redact_address``: an SMTP 550 often quotes the recipient."""
-    return _ADDRESS_IN_TEXT.sub(lambda m: redact_address(m.group(0)), text)
+    """Every address inside free text (a provider's answer, a log line, a URL's query with
+    ``%40``) redacted as by ``redact_address``: an SMTP 550 often quotes the recipient."""
+    return _ADDRESS_IN_TEXT.sub(
+        lambda m: redact_address(re.sub("%40", "@", m.group(0), flags=re.IGNORECASE)), text)
 
 
 def mask_address(address: str) -> str:
