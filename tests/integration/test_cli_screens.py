@@ -91,6 +91,8 @@ def test_suppressed_addresses_stay_masked_but_distinct(db: str) -> None:
     assert not [a for a in SUPPRESSED if a in out]
     one = cli(db, "suppress", "list", "--address", "alice.smyth@example.com")
     assert "alice.smyth@example.com" in one
+    lifted = cli(db, "suppress", "remove", "alice.smyth@example.com", "--replay")
+    assert "lifted 1 suppression(s); requeued deliveries: none" in lifted
 
 
 def test_status_speaks_in_words_not_python_lists(db: str) -> None:

@@ -120,3 +120,11 @@ def test_option_names_may_be_written_as_on_the_command_line(tmp_path: Path) -> N
 def test_an_unknown_log_format_is_refused() -> None:
     result = runner.invoke(app, ["--log-format", "xml", "status"])
     assert result.exit_code == 2 and "'xml' is not one of text, json" in squash(result.output)
+
+
+def test_ids_read_as_words_not_a_python_list() -> None:
+    from postlane.cli.shell import ids
+
+    assert ids([]) == "none"
+    assert ids([4, 5, 9]) == "4, 5, 9"
+    assert ids(list(range(1, 26))) == ", ".join(map(str, range(1, 21))) + " and 5 more"

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from postlane.cli.durations import duration_option
-from postlane.cli.shell import console, delivery_json, run_with_store, table, when
+from postlane.cli.shell import console, delivery_json, ids, run_with_store, table, when
 from postlane.core.validation import redact_address, redact_addresses
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
 from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
@@ -185,10 +185,10 @@ def replay(
     plan = run_with_store(ctx, _rest)
     verb = "would replay" if plan.dry_run else "replayed"
     console.print(f"canary {plan.canary} was sent; {verb} {len(plan.replay)} entries: "
-                  f"{plan.replay[:20]}{' ...' if len(plan.replay) > 20 else ''}")
+                  f"{ids(plan.replay)}")
     if plan.skipped_expired:
         console.print(f"skipped {len(plan.skipped_expired)} no longer useful (discard them): "
-                      f"{plan.skipped_expired[:20]}")
+                      f"{ids(plan.skipped_expired)}")
 
 
 @dlq.command()

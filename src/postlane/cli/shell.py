@@ -95,6 +95,12 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
+def ids(values: list[int], shown: int = 20) -> str:
+    """Delivery ids as an operator reads them: ``4, 5, 9 and 12 more`` (never a Python list)."""
+    head = ", ".join(str(v) for v in values[:shown]) or "none"
+    return head + (f" and {len(values) - shown} more" if len(values) > shown else "")
+
+
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
     """A delivery as JSON for ``--json`` output (recipient included: the operator asked)."""
 
@@ -112,5 +118,15 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
     }
 
 
-__all__ = ["Context", "console", "delivery_json", "err_console", "one_line", "run_async",
-           "run_with_store", "table", "when"]
+__all__ = [
+    "Context",
+    "console",
+    "delivery_json",
+    "err_console",
+    "ids",
+    "one_line",
+    "run_async",
+    "run_with_store",
+    "table",
+    "when",
+]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from postlane.cli.shell import console, run_with_store, table, when
+from postlane.cli.shell import console, ids, run_with_store, table, when
 from postlane.core.validation import check_address, mask_address
 from postlane.errors import InvalidAddress
 from postlane.store.base import Store, Suppression
@@ -75,4 +75,4 @@ def remove(
 
     removed, requeued = run_with_store(ctx, _remove)
     console.print(f"lifted {removed} suppression(s)"
-                  + (f"; requeued deliveries {requeued}" if replay else ""))
+                  + (f"; requeued deliveries: {ids(requeued)}" if replay else ""))
