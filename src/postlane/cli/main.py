@@ -33,11 +33,13 @@ from postlane.cli.shell import (
     console,
     delivery_json,
     err_console,
+    one_line,
     run_async,
     run_with_store,
     table,
 )
 from postlane.core.message import Delivery, Message
+from postlane.errors import MissingExtra
 from postlane.logs import LOG_FORMATS
 from postlane.status import breaker_reason, fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url
@@ -199,4 +201,8 @@ __all__ = ["Context", "app", "console", "delivery_json", "err_console", "main", 
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except MissingExtra as exc:  # raised outside run_async: opening a provider or limiter
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
+        raise SystemExit(1) from None

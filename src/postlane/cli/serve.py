@@ -11,6 +11,7 @@ import typer
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import parse_lane_shares
 from postlane.errors import ConfigurationError
+from postlane.extras import requires
 from postlane.logs import configure_logging, log_effective_configuration
 
 
@@ -40,9 +41,10 @@ def serve(
     API keys: `postlane apikey create --scopes send,read,operate`. Dashboard sessions are
     signed with $POSTLANE_SESSION_SECRET (set it when several servers share an address).
     """
-    import uvicorn
+    with requires("server", "postlane serve"):
+        import uvicorn
 
-    from postlane.api import create_app
+        from postlane.api import create_app
 
     configure_logging(log_level, ctx.obj.log_format)
     log_effective_configuration(logging.getLogger("postlane.api"), "serve",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich import box
@@ -48,8 +48,13 @@ def run_async(coro: Awaitable[T]) -> T:
     try:
         return asyncio.run(_await())
     except PostlaneError as exc:
-        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
-        raise typer.Exit(1) from None
+        fail(exc)
+
+
+def fail(exc: PostlaneError) -> NoReturn:
+    """A Postlane error as one line on stderr (escaped: ``postlane[ses]`` is not markup)."""
+    err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
+    raise typer.Exit(1) from None
 
 
 def one_line(text: str) -> str:
@@ -123,6 +128,7 @@ __all__ = [
     "console",
     "delivery_json",
     "err_console",
+    "fail",
     "ids",
     "one_line",
     "run_async",
