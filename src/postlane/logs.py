@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from postlane.core.validation import redact_addresses
+from postlane.errors import ConfigurationError
 from postlane.store import redact_url
 
 LOG_FORMATS = ("text", "json")
@@ -108,15 +109,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
+class _PostlaneHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The stderr handler ``configure_logging`` installs, told apart to be replaced."""
+
+
 def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
     """Install one stderr handler on the root logger in ``log_format``, at ``level``."""
     if log_format not in LOG_FORMATS:
-        raise ValueError(f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
-    handler = logging.StreamHandler()
+        raise ConfigurationError(
+            f"log format {log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ConfigurationError(f"log level {level!r} is not one of DEBUG, INFO, WARNING, "
+                                 "ERROR, CRITICAL")
+    handler = _PostlaneHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    for old in [h for h in root.handlers if isinstance(h, _PostlaneHandler)]:
+        root.removeHandler(old)  # ours from an earlier call; others' (pytest's) stay
     root.addHandler(handler)
     root.setLevel(level.upper())
     quiet_level = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from postlane.core.validation import mask_address, redact_addresses
+from postlane.errors import ConfigurationError
 from postlane.logs import (
     QUIET_LOGGERS,
     JsonFormatter,
@@ -132,9 +133,11 @@ def test_the_effective_configuration_is_one_redacted_line(
                                      "burst": 1}
 
 
-def test_unknown_format_is_refused() -> None:
-    with pytest.raises(ValueError, match="xml"):
+def test_unknown_format_or_level_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="xml"):
         configure_logging("INFO", "xml")
+    with pytest.raises(ConfigurationError, match="'LOUD'"):
+        configure_logging("LOUD", "text")
 
 
 addresses = st.emails()

@@ -46,14 +46,16 @@ def serve(
 
         from postlane.api import create_app
 
-    configure_logging(log_level, ctx.obj.log_format)
-    log_effective_configuration(logging.getLogger("postlane.api"), "serve",
-                                {"db": ctx.obj.db, **ctx.params})
-
     try:
         names = [lane.name for lane in parse_lane_shares(lanes)] if lanes else None
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lanes") from None
+    try:
+        configure_logging(log_level, ctx.obj.log_format)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level") from None
+    log_effective_configuration(logging.getLogger("postlane.api"), "serve",
+                                {"db": ctx.obj.db, **ctx.params})
     app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
                      sample_interval_s=sample_interval.total_seconds(),
                      cookie_secure=secure_cookies)

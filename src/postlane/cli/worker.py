@@ -87,10 +87,8 @@ def worker(
                                            help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
-    configure_logging(log_level, ctx.obj.log_format)
-    log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
-                                {"db": ctx.obj.db, **ctx.params})
     try:
+        configure_logging(log_level, ctx.obj.log_format)
         config = WorkerConfig(
             concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
             lease=lease, attempt_timeout_s=attempt_timeout.total_seconds(),
@@ -108,6 +106,8 @@ def worker(
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
+    log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
+                                {"db": ctx.obj.db, **ctx.params})
 
     async def _run() -> DrainResult | None:
         async with open_store(ctx.obj.db) as store:
