@@ -150,7 +150,7 @@ class PostgresBase(Store):
         """Hold one connection on LISTEN; reconnect after a drop (polling covers the gap)."""
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs)
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._wakeup.set()  # anything enqueued while we were not listening
