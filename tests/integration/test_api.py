@@ -112,8 +112,9 @@ async def test_the_same_body_in_another_spelling_is_the_same_request(api: Api) -
 
 async def test_a_key_enqueued_outside_the_api_is_not_claimed_by_a_request(api: Api) -> None:
     await api.store.enqueue(msg("outbox:1"))
-    data = problem(await api.send("outbox:1", body()), 422)
-    assert "without the HTTP API" in data["detail"]
+    data = problem(await api.send("outbox:1", body()), 409)
+    assert data["type"].endswith("key-conflict") and data["field"] == "Idempotency-Key"
+    assert "the application" in data["detail"]
 
 
 async def test_post_without_idempotency_key_is_refused_with_400(api: Api) -> None:

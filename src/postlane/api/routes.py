@@ -40,6 +40,7 @@ from postlane.api.problems import FieldError, ProblemError, not_found, problem_r
 from postlane.api.state import AppState, actor, app_state, get_store, require
 from postlane.api.submit import IdempotencyConflict, submit
 from postlane.dead_letters import replay_one, replay_selection
+from postlane.errors import KeyConflict
 from postlane.metrics import fleet_status
 from postlane.store.base import ApiKey, DeadLetterFilter, Store
 from postlane.worker.controls import pause_lane, resume_lane
@@ -85,28 +86,33 @@ OPERATE_ERRORS = problem_responses(401, 403, 404, 409, 413, 422, 503)
                   "Location": {"description": "The message.", "schema": {"type": "string"}},
                   "Idempotent-Replayed": {"description": "`true` when this answers a repeat.",
                                           "schema": {"type": "string"}}}},
-        **problem_responses(400, 401, 403, 413, 422, 503),
+        **problem_responses(400, 401, 403, 409, 413, 422, 503),
     },
 )
 async def post_message(
     body: MessageIn,
     response: Response,
     store: StoreDep,
-    _key: Sender,
+    client: Sender,
     idempotency_key: Annotated[str, Header(
         alias="Idempotency-Key", min_length=1, max_length=255,
         pattern=r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$",
         description="Required. The delivery's idempotency key, derived from the business "
                     "event (`reset:<token-id>`). The same key with the same body returns "
                     "the original answer; with a different body it is refused (422). "
+                    "A key written by another producer (the application, an import, "
+                    "another API key) is refused (409). "
                     "Without it the request is refused (400).")],
 ) -> MessageAccepted:
     """Durable when this returns. Scope: `send`."""
     try:
-        delivery, created = await submit(store, idempotency_key, body)
+        delivery, created = await submit(store, idempotency_key, body, client)
     except IdempotencyConflict as exc:
         raise ProblemError(422, "idempotency-key-reused", "Idempotency-Key reused",
                            str(exc), field="Idempotency-Key") from None
+    except KeyConflict as exc:
+        raise ProblemError(409, "key-conflict", "Key conflict", str(exc),
+                           field="Idempotency-Key") from None
     response.headers["Location"] = f"/v1/messages/{delivery.id}"
     if not created:
         response.headers["Idempotent-Replayed"] = "true"

@@ -454,6 +454,7 @@ class Store(abc.ABC):
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
         progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
     ) -> list[EnqueueResult]:
         """``enqueue_many`` of messages rendered from ``template``, in one transaction that
         first checks (and locks against delete and deprecate) that the template exists and is
@@ -463,6 +464,8 @@ class Store(abc.ABC):
         read, enqueued and skipped as given; created grows by the rows this call created.
         ``validated``: the caller already ran ``validate`` on each message with this store's
         limits (the import does, to skip bad rows), so it is not run twice.
+        ``producer``: who writes (None: the application; ``import:<id>`` for an import);
+        a key held by another producer or for other content raises ``KeyConflict``.
         """
 
     # -- bulk-import runs --------------------------------------------------------------------
@@ -491,12 +494,14 @@ class Store(abc.ABC):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     @abc.abstractmethod
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
-        """``enqueue`` for an HTTP request: a new delivery keeps ``request_hash`` (the hash of
-        the request's canonical body), written in the same transaction. Returns the result
-        and the hash kept with the delivery: this one when created, the first request's when
-        the key existed, None when the key was enqueued another way (outbox, CLI)."""
+        """``enqueue`` for an HTTP request by ``producer`` (``apikey:<id>``): a new delivery
+        keeps ``request_hash`` (the hash of the request's canonical body), written in the
+        same transaction. Returns the result and the hash kept with the delivery: this one
+        when created, the first request's when this producer wrote the key before. A key
+        written by another producer raises ``KeyConflict``; content is not compared here
+        (the caller compares the request hashes)."""
 
     @abc.abstractmethod
     async def create_api_key(

@@ -15,11 +15,12 @@ from postlane.store.postgres._producing import enqueue_on_connection
 class HttpApiMixin(PostgresBase):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
         validate(message, self.limits)
         async with self._pool.connection() as conn, conn.transaction():
-            result = await enqueue_on_connection(conn, message)
+            result = await enqueue_on_connection(conn, message, producer,
+                                                 compare_content=False)
             if result.created:
                 await conn.execute(
                     "UPDATE postlane_deliveries SET request_hash = %s WHERE id = %s",

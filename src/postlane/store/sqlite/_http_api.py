@@ -15,13 +15,13 @@ from postlane.store.sqlite._producing import insert_one
 class HttpApiMixin(SQLiteBase):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
         validate(message, self.limits)
 
         def _enqueue() -> tuple[EnqueueResult, str | None]:
             with self._write() as conn:
-                result = insert_one(conn, message)
+                result = insert_one(conn, message, producer, compare_content=False)
                 if result.created:
                     conn.execute("UPDATE postlane_deliveries SET request_hash = ? WHERE id = ?",
                                  (request_hash, result.id))
