@@ -29,8 +29,10 @@ def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> 
 
     ``conn`` is a ``sqlite3.Connection``, a ``psycopg.Connection``, or a SQLAlchemy
     ``Connection`` or ``Session`` over either. For ``psycopg.AsyncConnection`` use
-    ``enqueue_async``. Enqueueing an existing key returns the existing delivery's id with
-    ``created=False`` and writes nothing.
+    ``enqueue_async``. Enqueueing an existing key with the same content (a retry) returns
+    the existing delivery's id with ``created=False`` and writes nothing; a key another
+    producer (an API client, an import) wrote, or written for other content, raises
+    ``KeyConflict`` (see ``postlane.core.producers``).
     """
     validate(message, limits)
     raw = _driver_connection(conn)
