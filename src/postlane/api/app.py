@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from postlane import __version__
 from postlane.api import problems
+from postlane.api.auth_first import AuthFirst
 from postlane.api.models import Health
 from postlane.api.routes import router
 from postlane.api.routes_content import router as content_router
@@ -213,4 +214,5 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(AuthFirst, state=state, router=app.router)  # outermost: first
     return app
