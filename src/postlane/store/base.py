@@ -523,6 +523,11 @@ class Store(abc.ABC):
     async def revoke_api_key(self, key_id: int) -> bool:
         """Revoke an active key; False when no active key has that id."""
 
+    @abc.abstractmethod
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        """End the dashboard sessions of a key issued before ``before`` (unix seconds):
+        signing out. False when no key has that id."""
+
 
 def bound_response(text: str | None) -> str | None:
     """Keep a provider's response verbatim, but bounded."""
@@ -701,6 +706,8 @@ class ApiKey:
     scopes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
+    sessions_after: float | None = None
+    """Dashboard sessions issued before this (unix seconds) are over: signed out."""
 
     @property
     def active(self) -> bool:
