@@ -292,6 +292,16 @@ async def test_dead_letter_replay_through_the_api_follows_the_canary_rule(api: A
                                             headers=ops), 409)
     assert "replay one entry of this selection first" in refused["detail"]
 
+    # A dry run of the canary checks and replays nothing.
+    dry_one = await api.client.post(f"/v1/dead-letters/{ids[0]}/replay",
+                                    json={"dry_run": True}, headers=ops)
+    assert dry_one.status_code == 200, dry_one.text
+    assert dry_one.json()["replayed"] is False and "nothing was replayed" in dry_one.json()["next"]
+    untouched = (await api.client.get(f"/v1/dead-letters/{ids[0]}", headers=read)).json()
+    assert (untouched["replay_count"], untouched["replayed_at"]) == (0, None)
+    still_dead = await api.store.get(ids[0])
+    assert still_dead is not None and still_dead.state == State.DEAD
+
     canary = await api.client.post(f"/v1/dead-letters/{ids[0]}/replay", headers=ops)
     assert canary.status_code == 200, canary.text
     assert canary.json()["key"] == "digest:0" and canary.json()["replayed"]

@@ -201,18 +201,22 @@ async def replay_dead_letter(
     body: Annotated[ReplayOneIn | None, Body()] = None,
 ) -> ReplayOneOut:
     """Sends the same row again: same key, same rendered content, a fresh attempt budget.
-    Refused (409) when discarded, not dead, or no longer useful. Once it is sent, replay the
+    Refused (409) when discarded, not dead, or no longer useful. `dry_run` runs the same
+    checks and replays nothing. Once it is sent, replay the
     rest of its selection with `POST /v1/dead-letters/replay`. Scope: `operate`."""
     body = body or ReplayOneIn()
     if await store.dead_letter(delivery_id) is None:
         raise not_found(f"no dead letter for delivery {delivery_id}")
     window = timedelta(seconds=body.valid_for_s) if body.valid_for_s else None
-    entry = await replay_one(store, delivery_id, by=actor(key), valid_for=window)
+    entry = await replay_one(store, delivery_id, by=actor(key), valid_for=window,
+                             dry_run=body.dry_run)
     return ReplayOneOut(
         delivery_id=entry.delivery_id, key=_str(entry.snapshot.get("idempotency_key")),
-        replayed=True,
-        next="when it is sent, replay the rest with POST /v1/dead-letters/replay and the "
-             "same filters")
+        replayed=not body.dry_run,
+        next="dry run: nothing was replayed; send it again without dry_run to replay"
+        if body.dry_run else
+        "when it is sent, replay the rest with POST /v1/dead-letters/replay and the "
+        "same filters")
 
 
 @router.post("/dead-letters/replay", response_model=ReplayPlanOut, tags=["dead letters"],
