@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from fastapi.dependencies.models import Dependant
-from starlette.routing import Match, Router
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from postlane.api.problems import TYPE_BASE, ProblemError, problem_response
@@ -39,13 +39,16 @@ def required_scope(dependant: Dependant | None) -> str | None:
 
 
 class AuthFirst:
-    def __init__(self, app: ASGIApp, state: AppState, router: Router) -> None:
+    """``routes``: the API's own routes (those of its ``APIRouter``s, each with its full
+    path), matched as the app would match them."""
+
+    def __init__(self, app: ASGIApp, state: AppState, routes: list[BaseRoute]) -> None:
         self.app = app
         self.state = state
-        self.router = router
+        self.routes = routes
 
     def _scope_for(self, scope: Scope) -> str | None:
-        for route in self.router.routes:
+        for route in self.routes:
             match, _ = route.matches(scope)
             if match == Match.FULL:
                 return required_scope(getattr(route, "dependant", None))
