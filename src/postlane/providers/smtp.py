@@ -16,7 +16,9 @@ A drop inside DATA is counted as ambiguous even when it came before the 354, bec
 client library does not say which half of DATA failed: this over-reports ambiguity in a
 rare case and never under-reports it.
 
-Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered),
+Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered, and
+required when credentials are configured), ``allow_plain_auth=1`` (with ``starttls=0``:
+send credentials over a connection without TLS, to a relay on a trusted link),
 ``tls_verify=0``, ``ca_file=PATH``, ``pool=4`` (connections), ``timeout=10`` (seconds per
 command), ``max_per_connection=100``, ``idle_timeout=30``, ``helo=NAME``, ``from=ADDR``
 (default sender), ``account=NAME``. Credentials: in the URL, else
@@ -91,9 +93,11 @@ class SMTPConfig:
         if use_tls and starttls:
             raise ConfigurationError("smtps:// is TLS from the start; starttls=1 is for smtp://")
         username = parsed.username or os.environ.get(USERNAME_ENV) or None
+        port = parsed.port or (465 if use_tls else 587 if starttls else 25)
+        starttls = _tls_for_credentials(parsed, starttls, None if use_tls else username)
         config = cls(
             host=parsed.host,
-            port=parsed.port or (465 if use_tls else 587 if starttls else 25),
+            port=port,
             use_tls=use_tls,
             starttls=False if use_tls else starttls,
             tls_verify=bool(parsed.flag("tls_verify", True)),
@@ -110,6 +114,22 @@ class SMTPConfig:
         )
         parsed.finish()
         return config
+
+
+def _tls_for_credentials(parsed: ProviderURL, starttls: bool | None,
+                         username: str | None) -> bool | None:
+    """Credentials never travel in clear. With a username, STARTTLS is required (a server
+    that does not offer it fails the connection before AUTH) unless the URL opts out of
+    both on purpose: ``starttls=0&allow_plain_auth=1``."""
+    allow_plain = bool(parsed.flag("allow_plain_auth", False))
+    if not username or allow_plain:
+        return starttls
+    if starttls is False:
+        raise ConfigurationError(
+            f"{parsed.redacted!r} has credentials and starttls=0: they would travel in clear; "
+            "use TLS (smtps://, or starttls=1, the default with credentials), or add "
+            "allow_plain_auth=1 for a relay on a link you trust")
+    return True
 
 
 class _Connection:
