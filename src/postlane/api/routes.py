@@ -313,11 +313,16 @@ async def webhook(
         raise ProblemError(501, "not-implemented", "Not implemented",
                            "webhooks are not available in this build") from None
     body = await request.body()
+    config = webhooks.WebhookConfig.from_env(app_state(request).sns_certificates)
     try:
-        result = await webhooks.receive(store, provider, dict(request.headers), body)
+        result = await webhooks.receive(store, provider, dict(request.headers), body, config)
     except webhooks.WebhookRejected as exc:
         raise ProblemError(401, "webhook-rejected", "Webhook rejected", str(exc),
                            headers={"WWW-Authenticate": "Signature"}) from None
+    except webhooks.CertificateUnavailable as exc:
+        raise ProblemError(503, "certificate-unavailable", "Certificate unavailable",
+                           f"{exc}; the notification was not processed: send it again "
+                           "later", headers={"Retry-After": "60"}) from None
     response.status_code = result.status
     return WebhookOut(status=result.status, detail=result.detail,
                       events=list(getattr(result, "events", [])))

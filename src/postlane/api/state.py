@@ -15,6 +15,7 @@ from postlane.api.problems import ProblemError, forbidden, unauthorized
 from postlane.api.sessions import Sessions
 from postlane.metrics import FleetSampler, StoreCollector
 from postlane.store.base import ApiKey, Store
+from postlane.webhooks.sns_certificates import SnsCertificates
 
 
 @dataclass
@@ -27,6 +28,9 @@ class AppState:
     sessions: Sessions = field(default_factory=Sessions)
     max_body_bytes: int = 1024 * 1024
     cookie_secure: bool = False
+    sns_certificates: SnsCertificates = field(default_factory=SnsCertificates)
+    """The SES webhook's certificate cache (one per process). Always the default: no option
+    reaches its test-only ``base_url``."""
 
     def require_store(self) -> Store:
         if self.store is None:
