@@ -39,6 +39,14 @@ def test_only_the_same_producer_may_have_a_key(mine: str | None, theirs: str | N
     assert (conflict_reason(message(), mine, held(theirs)) is None) is allowed
 
 
+def test_an_import_may_resume_what_it_wrote_before_producers_were_recorded() -> None:
+    legacy = held(None, import_id="imp-1")  # no producer: written before migration 0006
+    assert conflict_reason(message(), "import:imp-1", legacy) is None
+    assert conflict_reason(message(), "import:imp-2", legacy) is not None
+    assert conflict_reason(message(), "apikey:1", legacy) is not None
+    assert conflict_reason(message(), "import:imp-1", held(None)) is not None
+
+
 def test_a_new_template_version_is_the_same_message_but_not_a_new_recipient() -> None:
     v1 = held(template_id="welcome", template_version=1, subject="Hello v1")
     assert same_content(message(template_id="welcome", template_version=2,

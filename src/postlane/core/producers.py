@@ -75,12 +75,13 @@ class Held:
     headers: Mapping[str, Any]
     template_id: str | None
     template_version: int | None
+    import_id: str | None = None
 
 
 HELD_COLUMNS = (
     "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
     f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
-    "html_body, headers, template_id, template_version"
+    "html_body, headers, template_id, template_version, import_id"
 )
 """The columns of ``Held``, in order, from ``postlane_deliveries`` (headers as the engine
 returns them: a dict on PostgreSQL, JSON text on SQLite)."""
@@ -106,7 +107,7 @@ def conflict_reason(message: Message, producer: str | None, held: Held,
 
     ``compare_content=False``: the caller checks content its own way (the HTTP API compares
     the hash of the whole request body, and answers a mismatch with its own problem)."""
-    if held.producer != producer:
+    if held.producer != producer and not _written_before_producers(held, producer):
         return (f"key {held.key!r} belongs to delivery {held.id}, written by "
                 f"{describe(held.producer)}; {describe(producer)} cannot use it: derive "
                 "keys from your own business events, with a prefix of your own")
@@ -115,6 +116,13 @@ def conflict_reason(message: Message, producer: str | None, held: Held,
                 "content (recipient, sender, subject, body, headers or template); a key "
                 "names one message: derive a new key from the new business event")
     return None
+
+
+def _written_before_producers(held: Held, producer: str | None) -> bool:
+    """An import run before migration 0006 left its rows without a producer (as the
+    application's): a re-run or resume of that import (``import:<its id>``) may have them."""
+    return (held.producer is None and producer is not None and held.import_id is not None
+            and producer == import_producer(held.import_id))
 
 
 def check_held(messages: Mapping[str, Message], producer: str | None,
