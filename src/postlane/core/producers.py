@@ -78,14 +78,6 @@ class Held:
     import_id: str | None = None
 
 
-HELD_COLUMNS = (
-    "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
-    f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
-    "html_body, headers, template_id, template_version, import_id"
-)
-"""The columns of ``Held``, in order, from ``postlane_deliveries`` (headers as the engine
-returns them: a dict on PostgreSQL, JSON text on SQLite)."""
-
 
 def same_content(message: Message, held: Held) -> bool:
     """Would ``message`` send what ``held`` will? Two renderings of one template at

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.producers import LEGACY_API
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import InvalidMessage, StoreError
@@ -658,6 +659,16 @@ def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
                 waiting_retry += int(count)
             oldest = max(oldest, float(age or 0.0))
     return ImportCounts(states, waiting_retry, max(0.0, oldest))
+
+
+HELD_COLUMNS = (
+    "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
+    f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
+    "html_body, headers, template_id, template_version, import_id"
+)
+"""The fields of ``core.producers.Held``, in order, from ``postlane_deliveries`` (headers as
+the engine returns them: a dict on PostgreSQL, JSON text on SQLite). A row the HTTP API
+wrote before producers were recorded (migration 0006) reads as held by ``LEGACY_API``."""
 
 
 def json_text(value: Mapping[str, Any]) -> str:

@@ -13,10 +13,10 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.producers import HELD_COLUMNS, Held, check_held, first_by_key
+from postlane.core.producers import Held, check_held, first_by_key
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.postgres._base import PostgresBase
 
 _INSERT_COLS = (

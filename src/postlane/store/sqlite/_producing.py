@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.producers import HELD_COLUMNS, Held, check_held, first_by_key
+from postlane.core.producers import Held, check_held, first_by_key
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
 
 INSERT_ONE = f"""
