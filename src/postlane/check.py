@@ -13,7 +13,9 @@ What is checked, and why it matters before traffic:
   reach it fails closed and sends nothing);
 - **provider**: the URL is understood, the adapter opens and closes, and, when the adapter
   has a no-send probe (``async def check(self) -> str | None``), the provider accepts the
-  credentials;
+  credentials; without a probe, something answers at its endpoint (a TCP connect, nothing
+  sent: a connect timeout or a refused connection fails); an adapter that needs a sender
+  has one (``from=``) for messages that name none;
 - **lanes**: the shares add up to 100 % and each lane gets at least one slot;
 - **retry budget**: each lane's expected backoff over its attempts fits in about two-thirds
   of its expiry, so retries stop while the message (a reset link...) is still useful;
@@ -23,27 +25,29 @@ What is checked, and why it matters before traffic:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import sqlite3
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlsplit
-
-import psycopg
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors
 from postlane.core.policy import RetryPolicy, backoff_s
-from postlane.errors import ConfigurationError, PostlaneError
+from postlane.errors import ConfigurationError, MissingExtra, PostlaneError
+from postlane.extras import requires
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.registry import open_provider
-from postlane.store import open_store, redact_url
+from postlane.store import open_store, plain_url, redact_url
 from postlane.store.migrations import MIGRATIONS_TABLE, load
+
+if TYPE_CHECKING:
+    import psycopg
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -155,10 +159,11 @@ async def _nothing() -> list[Finding]:
 # -- database ----------------------------------------------------------------------------
 async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Finding]:
     """Reachable, and fully migrated (naming the pending migrations and the command)."""
+    url = plain_url(url)
     shown = safe_redact(url)
     try:
         scheme = urlsplit(url).scheme
-        if scheme not in ("sqlite", "postgresql", "postgres"):
+        if scheme not in ("sqlite", "postgresql"):
             open_store(url)  # raises the store's own explanation
     except (ConfigurationError, ValueError) as exc:
         return [Finding("database", "fail", f"the database URL is not usable: {exc}",
@@ -170,11 +175,13 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     if reached.failed or applied is None:
         return [reached]
     findings = [reached]
+    failures: tuple[type[Exception], ...] = (
+        PostlaneError, sqlite3.Error, TimeoutError, *_loaded_psycopg_error())
     try:
         async with asyncio.timeout(timeout_s * 2):
             async with open_store(url, pool_size=1) as store:
                 pending = await store.pending_migrations()
-    except (PostlaneError, psycopg.Error, sqlite3.Error, TimeoutError) as exc:
+    except failures as exc:
         findings.append(Finding("migrations", "fail",
                                 f"could not read the schema version: {_one_line(exc)}"))
         return findings
@@ -205,8 +212,19 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     return findings
 
 
+def _loaded_psycopg_error() -> tuple[type[Exception], ...]:
+    """psycopg's base error when psycopg is loaded (when it is not, none can arise)."""
+    psycopg = sys.modules.get("psycopg")
+    return (psycopg.Error,) if psycopg is not None else ()
+
+
 async def _postgres_applied(url: str, timeout_s: float) -> tuple[Finding, set[int] | None]:
     where = _pg_where(url)
+    try:
+        with requires("postgres", "a PostgreSQL database"):
+            import psycopg
+    except MissingExtra as exc:
+        return Finding("database", "fail", str(exc)), None
     try:
         async with asyncio.timeout(timeout_s + 1):
             conn = await psycopg.AsyncConnection.connect(
@@ -314,8 +332,11 @@ async def check_limiter(
                                 "set --rate (POSTLANE_RATE) to the provider account's ceiling"))
     try:
         limiter = open_limiter(url, rate=ceiling or 1.0, account=account or "default")
-    except ConfigurationError as exc:
+    except (ConfigurationError, MissingExtra) as exc:
         return [*findings, Finding("limiter", "fail", str(exc))]
+    from redis.asyncio import Redis  # open_limiter has imported it: redis:// works
+    from redis.exceptions import RedisError
+
     try:
         client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     except ValueError as exc:
@@ -363,9 +384,50 @@ def build_provider(url: str | None) -> tuple[list[Finding], Provider | None]:
 
 async def check_provider(provider: Provider,
                          *, timeout_s: float = PROVIDER_TIMEOUT_S) -> list[Finding]:
-    """Open the adapter, run its no-send probe when it has one, close it."""
-    probe: Callable[[], Awaitable[str | None]] | None = getattr(provider, "check", None)
+    """Open the adapter, run its no-send probe when it has one (else see that something
+    answers at its endpoint), close it; and see that it has a sender for messages with
+    none of their own."""
     what = f"{provider.name} (account {provider.account!r})"
+    return [*check_sender(provider, what), *await _reach_provider(provider, what, timeout_s)]
+
+
+def check_sender(provider: Provider, what: str | None = None) -> list[Finding]:
+    """A provider that needs a sender and has no ``from=``: every message that names no
+    sender of its own would stop the account (account-level trouble), not be sent."""
+    if not provider.needs_sender or provider.configured_sender():
+        return []
+    what = what or f"{provider.name} (account {provider.account!r})"
+    return [Finding(
+        "provider", "fail",
+        f"provider {what} has no sender: its URL names no from= address, so a message that "
+        "names no sender of its own is not sent (the breaker opens for account trouble)",
+        "add from=noreply@your-domain (an address the provider has verified) to the "
+        "provider URL",
+    )]
+
+
+async def check_endpoint(host: str, port: int, timeout_s: float) -> str | None:
+    """Open a TCP connection to ``host:port`` and close it (nothing is sent): None when
+    something answered, else what happened, in plain words."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return (f"nothing answers at {host}:{port}: no connection within {timeout_s:g} s "
+                "(connect timeout; a firewall dropping packets, or a wrong host)")
+    except ConnectionRefusedError:
+        return f"nothing answers at {host}:{port}: connection refused (nothing listens there)"
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {_one_line(exc) or type(exc).__name__}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
+async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> list[Finding]:
+    probe: Callable[[], Awaitable[str | None]] | None = getattr(provider, "check", None)
+    endpoint = None if callable(probe) else provider.endpoint()
     problem: str | None = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -379,6 +441,12 @@ async def check_provider(provider: Provider,
         problem = f"no answer within {timeout_s:g} s"
     except Exception as exc:  # an adapter's failure to open is exactly what we look for
         problem = f"{type(exc).__name__}: {_one_line(exc)}"
+    if problem is None and endpoint is not None:
+        problem = await check_endpoint(*endpoint, timeout_s=timeout_s)
+        if problem is not None:
+            return [Finding("provider", "fail", f"provider {what}: {problem}",
+                            "check the host and port of the provider URL, and that this "
+                            "host may reach them (firewall, proxy, DNS)")]
     if problem is not None:
         return [Finding("provider", "fail", f"provider {what}: {problem}",
                         "check the provider URL and the credentials it reads from the "
@@ -386,8 +454,9 @@ async def check_provider(provider: Provider,
     if callable(probe):
         return [Finding("provider", "ok",
                         f"provider {what} accepted the credentials (no message sent)")]
+    reached = f"answers at {endpoint[0]}:{endpoint[1]}" if endpoint else "opens and closes"
     return [Finding("provider", "ok",
-                    f"provider {what} opens and closes; no probe available, so the "
+                    f"provider {what} {reached}; no probe available, so the "
                     "credentials are first tested by a real send")]
 
 
@@ -593,11 +662,13 @@ __all__ = [
     "ProviderProbe",
     "build_provider",
     "check_database",
+    "check_endpoint",
     "check_lane_shares",
     "check_limiter",
     "check_provider",
     "check_rate",
     "check_retry_budgets",
+    "check_sender",
     "expected_retry_budget_s",
     "human",
     "lane_configs",

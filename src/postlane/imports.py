@@ -15,7 +15,8 @@ application or an API client wrote ``<template>:<user_id>:<import_id>`` before),
 earlier row or run of this import wrote with other content (a repeated ``user_id`` with
 another address), is skipped and reported the same way, found when its batch is written
 (so even in strict mode). Problems with the file itself (a missing column, a variable the
-template needs that no column provides, bytes that are not UTF-8) stop the import either way.
+template needs that no column provides, bytes that are not UTF-8, a NUL byte anywhere) stop
+the import either way; a NUL byte is looked for before anything is written.
 
 Operators see each import (``postlane imports show``): its run record, what became of its
 deliveries, and whether it is paused (``pause``: every worker stops claiming its
@@ -35,7 +36,7 @@ from typing import IO, Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import import_producer
-from postlane.core.validation import validate
+from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage, KeyConflict
 from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
@@ -165,6 +166,22 @@ class _Rows:
         return message
 
 
+def _check_no_nul(path: str) -> None:
+    """Refuse a file with a NUL byte before a row is written: no database stores NUL in a
+    text, and a CSV holding one is almost always UTF-16 or not text at all. One pass in
+    large chunks (``bytes.find``), a small cost next to rendering every row."""
+    line = 1
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            at = chunk.find(b"\0")
+            if at >= 0:
+                line += chunk.count(b"\n", 0, at)
+                raise ImportRejected(
+                    f"line {line}: contains a NUL byte (is the file UTF-16, or not text?); "
+                    "save it as UTF-8 CSV", problems=[(line, "NUL byte")])
+            line += chunk.count(b"\n")
+
+
 def _read_header(reader: Iterator[list[str]], path: str,
                  compiled: CompiledTemplate) -> list[str]:
     try:
@@ -214,7 +231,8 @@ async def import_csv(
     started = time.monotonic()
     path = os.fspath(path)
     check_name(template)
-    if not import_id or any(ord(c) < 32 or c == ":" for c in import_id):
+    if (not import_id or any(ord(c) < 32 or c == ":" for c in import_id)
+            or text_problem(import_id)):
         raise ImportRejected(f"import id {import_id!r} must be non-empty, without ':' or "
                              "control characters")
     if batch_size < 1:
@@ -224,6 +242,7 @@ async def import_csv(
     file_name = Path(path).name
     total = os.path.getsize(path)
     report = ImportReport(import_id, template, version, file_name)
+    _check_no_nul(path)
 
     existing = await store.get_import(import_id)
     if existing is not None and existing.template != template:

@@ -28,7 +28,6 @@ dead letters) can be deprecated (no new enqueues) but not deleted.
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,13 +41,14 @@ from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import concat
 
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
+from postlane.core.validation import check_subject, check_text
 from postlane.errors import (
+    InvalidHeader,
     InvalidMessage,
     TemplateDeprecated,
     TemplateError,
     TemplateInUse,
     UnknownTemplate,
-    UnsupportedConnection,
 )
 from postlane.store.base import Store, TemplateVersion
 
@@ -58,6 +58,7 @@ __all__ = [
     "TemplateVersion",
     "add_template",
     "check_name",
+    "check_parts",
     "compile_template",
     "delete_template",
     "deprecate_template",
@@ -202,6 +203,20 @@ def check_name(name: str) -> None:
             "starting with a letter or digit", field="template_id")
 
 
+def check_parts(subject: str, text: str | None, html: str | None) -> None:
+    """Refuse, at creation, a template no message could be rendered from: a subject with a
+    line break (every rendering of it would be refused at enqueue, every import row
+    skipped), or a part no database column can hold."""
+    try:
+        check_subject(subject)
+    except InvalidHeader as exc:
+        raise TemplateError(f"template {exc}: a subject is one line, and every message "
+                            "rendered from it would be refused", field="subject") from None
+    for part, source in (("text", text), ("html", html)):
+        if source is not None:
+            check_text(source, field=part)
+
+
 def require_usable(
     template: TemplateVersion | None, name: str, version: int | None
 ) -> TemplateVersion:
@@ -224,6 +239,7 @@ async def add_template(
     check_name(name)
     if text is None and html is None:
         raise TemplateError("a template needs a text or an html body", field="text")
+    check_parts(subject, text, html)
     probe = TemplateVersion(name, 0, subject, text, html, datetime.min, 0, False)
     CompiledTemplate(probe, _COMPILER.plain, _COMPILER.html)  # raises on a syntax error
     return await store.add_template_version(name, subject, text, html)
@@ -282,28 +298,13 @@ def render_message_in_transaction(
     conn: Any, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     version: int | None = None, **fields: Any,
 ) -> Message:
-    """``render_message`` through the caller's connection and transaction (``sqlite3``,
-    ``psycopg.Connection`` or SQLAlchemy over either). On PostgreSQL the template row stays
-    share-locked until that transaction ends, so it cannot be deleted or deprecated between
-    this render and the caller's commit."""
-    from postlane.outbox import _driver_connection
+    """``render_message`` through the caller's connection and transaction (any that
+    ``postlane.enqueue`` takes, see ``postlane.store.connections``). On PostgreSQL the
+    template row stays share-locked until that transaction ends, so it cannot be deleted or
+    deprecated between this render and the caller's commit."""
+    from postlane.store.connections import sync_writer
 
-    raw = _driver_connection(conn)
-    if isinstance(raw, sqlite3.Connection):
-        from postlane.store.sqlite import SQLiteStore
-
-        found = SQLiteStore.template_on_connection(raw, name, version)
-    else:
-        import psycopg
-
-        if not isinstance(raw, psycopg.Connection):
-            raise UnsupportedConnection(
-                f"cannot read templates through {type(conn).__module__}.{type(conn).__name__}"
-                "; pass a sqlite3, psycopg 3 or SQLAlchemy connection (async psycopg: "
-                "render_message_in_transaction_async)")
-        from postlane.store.postgres import PostgresStore
-
-        found = PostgresStore.template_on_sync_connection(raw, name, version)
+    found = sync_writer(conn).template(name, version)
     template = require_usable(found, name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
@@ -322,15 +323,12 @@ async def render_message_in_transaction_async(
     conn: Any, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     version: int | None = None, **fields: Any,
 ) -> Message:
-    """``render_message_in_transaction`` for a ``psycopg.AsyncConnection``."""
-    import psycopg
+    """``render_message_in_transaction`` for an async connection (psycopg 3, asyncpg, or
+    SQLAlchemy's async forms over either)."""
+    from postlane.store.connections import async_writer
 
-    if not isinstance(conn, psycopg.AsyncConnection):
-        raise UnsupportedConnection("this form takes a psycopg.AsyncConnection")
-    from postlane.store.postgres import PostgresStore
-
-    template = require_usable(await PostgresStore.template_on_connection(conn, name, version),
-                       name, version)
+    found = await (await async_writer(conn)).template(name, version)
+    template = require_usable(found, name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
 

@@ -23,8 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from postlane.core.validation import json_problem
 from postlane.store.base import ProviderEvent, Store
 from postlane.webhooks.signatures import (
+    WebhookMalformed,
     WebhookRejected,
     sign_standard,
     verify_sns,
@@ -32,9 +34,11 @@ from postlane.webhooks.signatures import (
 )
 from postlane.webhooks.sns_certificates import CertificateUnavailable, SnsCertificates
 
-__all__ = ["CertificateUnavailable", "SnsCertificates", "WebhookConfig", "WebhookRejected",
-           "WebhookResult", "receive", "sign_standard"]
+__all__ = ["CertificateUnavailable", "SnsCertificates", "WebhookConfig", "WebhookMalformed",
+           "WebhookRejected", "WebhookResult", "receive", "sign_standard"]
 
+MAX_DEPTH = 32
+"""Deepest nesting a payload may have; every provider's events stay under ten levels."""
 SES_TOPICS_ENV = "POSTLANE_WEBHOOK_SES_TOPICS"
 _CERTIFICATES = SnsCertificates()
 """The process's certificate cache when the caller brings none (the API brings its own)."""
@@ -72,7 +76,8 @@ class WebhookConfig:
 
 async def receive(store: Store, provider: str, headers: Mapping[str, str], body: bytes,
                   config: WebhookConfig | None = None) -> WebhookResult:
-    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401) or
+    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401),
+    ``WebhookMalformed`` (-> 400) for a payload that cannot be read or stored, or
     ``CertificateUnavailable`` (-> 503)."""
     config = config or WebhookConfig.from_env()
     if provider in ("sandbox", "resend"):
@@ -85,6 +90,7 @@ async def receive(store: Store, provider: str, headers: Mapping[str, str], body:
         certificates = config.certificates or _CERTIFICATES
         message = await verify_sns(body, certificates.get, topics=config.sns_topics,
                                    now=config.clock())
+        _check_storable(message)
         if message["Type"] != "Notification":
             return WebhookResult(200, f"SNS {message['Type']} received; confirm the "
                                       "subscription by visiting its SubscribeURL")
@@ -110,14 +116,26 @@ _STANDARD_KINDS = {
 }
 
 
-def _json(body: bytes) -> dict[str, Any]:
+def _json(body: bytes | str, what: str = "body") -> dict[str, Any]:
+    """A verified payload as a JSON object every string of which the store can keep."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise WebhookRejected("body is not JSON") from None
+        raise WebhookMalformed(f"{what} is not JSON") from None
+    except RecursionError:
+        raise WebhookMalformed(f"{what} is JSON nested too deep to read") from None
     if not isinstance(data, dict):
-        raise WebhookRejected("body is not a JSON object")
+        raise WebhookMalformed(f"{what} is not a JSON object")
+    _check_storable(data, what)
     return data
+
+
+def _check_storable(data: dict[str, Any], what: str = "body") -> None:
+    """A NUL or a lone surrogate cannot be stored (PostgreSQL refuses NUL in text and jsonb;
+    a lone surrogate has no UTF-8 form); refused here rather than failing the write."""
+    problem = json_problem(data, max_depth=MAX_DEPTH)
+    if problem is not None:
+        raise WebhookMalformed(f"{what} cannot be stored: {problem}")
 
 
 def _parse_standard(provider: str, event_id: str, body: bytes) -> ProviderEvent | None:
@@ -142,9 +160,9 @@ def _parse_standard(provider: str, event_id: str, body: bytes) -> ProviderEvent 
 
 def _parse_ses(event_id: str, message_text: str) -> ProviderEvent | None:
     try:
-        message = json.loads(message_text)
-    except ValueError:
-        raise WebhookRejected("SNS Message is not an SES event") from None
+        message = _json(message_text, "SNS Message")
+    except WebhookMalformed as exc:
+        raise WebhookMalformed(f"{exc} (not an SES event)") from None
     kind_name = str(message.get("eventType") or message.get("notificationType") or "")
     mail = message.get("mail") or {}
     recipients = mail.get("destination") or []

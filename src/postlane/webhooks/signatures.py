@@ -8,7 +8,8 @@
   else (``sns_certificates``), from a topic on the configured allow-list only, and at most
   an hour old.
 
-Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500).
+Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500);
+a genuine request whose payload cannot be read or stored raises ``WebhookMalformed`` (400).
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from postlane.errors import PostlaneError
+from postlane.extras import requires
 
 DEFAULT_TOLERANCE_S = 300
 
 
 class WebhookRejected(PostlaneError):
     """The request is not a genuine, fresh event from the provider it claims to be from."""
+
+
+class WebhookMalformed(WebhookRejected):
+    """The request verified (or could not be verified because it is not JSON at all) but
+    its payload cannot be read or stored: not a JSON object, nested too deep, a NUL or a
+    lone surrogate in a string. Sending it again cannot help."""
 
 
 def _secret_key(secret: str) -> bytes:
@@ -159,15 +167,18 @@ async def verify_sns(body: bytes, fetch_cert: CertFetcher, *, topics: Sequence[s
     """Verify an SNS message; returns it parsed. What costs nothing is checked before the
     certificate is fetched: the topic is allowed, the message is fresh, the certificate
     URL is Amazon's (in the topic's region)."""
-    from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    with requires("server", "verifying SES (SNS) webhook signatures"):
+        from cryptography import x509
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
     try:
         message = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise WebhookRejected("body is not JSON") from None
+    except RecursionError:
+        raise WebhookMalformed("body is JSON nested too deep to read") from None
     if not isinstance(message, dict):
         raise WebhookRejected("body is not an SNS message")
     for name in ("Signature", "SigningCertURL", "SignatureVersion", "Type", "MessageId",

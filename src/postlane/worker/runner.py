@@ -50,6 +50,7 @@ from postlane.providers.base import Provider
 from postlane.store.base import Claim, Store, Transition
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.controls import FleetControls
+from postlane.worker.poison import unreadable_decision
 
 log = logging.getLogger("postlane.worker")
 
@@ -309,10 +310,12 @@ class Worker:
         now = datetime.now(UTC)
         to_send = []
         for delivery in batch:
-            expired = expire_if_useless(delivery, now, config)
-            if expired is not None:
+            unsendable = (unreadable_decision(delivery)
+                          or expire_if_useless(delivery, now, config))
+            if unsendable is not None:
                 pending.pop(delivery.id)
-                self._report(delivery, expired, release=True)
+                self._report(delivery, unsendable, release=True)
+                self.breaker.probe_unsent(delivery.id)
             else:
                 to_send.append(delivery)
         suppressed = await self.store.suppressed_among(to_send)
@@ -324,6 +327,7 @@ class Worker:
                     State.SUPPRESSED, "suppressed", spend_attempt=False,
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
                 ), release=True)
+                self.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
         while to_send:
             if self._shutting_down:
@@ -442,6 +446,7 @@ class Worker:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)
             self._report(delivery, decision, release=True)
+            self.breaker.probe_unsent(delivery.id)
             return
         duration_ms = round((time.perf_counter() - started) * 1000, 2)
         decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,
