@@ -376,9 +376,9 @@ async def test_credentials_never_go_to_a_server_without_starttls(
             outcome = await smtp.send(delivery())
             probe = await smtp.check()
         assert auth_commands == [] and auth.logins == [] and handler.received == []
-        # Not the message's fault: retried (the breaker pauses a provider that keeps
-        # failing like this), never a dead letter.
-        assert outcome.kind is OutcomeClass.TRANSIENT
+        # The account's configuration, not the message's fault: the breaker pauses
+        # sending, nothing is spent, never a dead letter.
+        assert outcome.kind is OutcomeClass.ACCOUNT
         assert "STARTTLS" in (outcome.response or "") and SECRET not in (outcome.response or "")
         assert probe is not None and "STARTTLS" in probe
         # The explicit opt-out, for a relay on a trusted link: AUTH in clear, then the send.

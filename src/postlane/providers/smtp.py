@@ -7,7 +7,7 @@ Mapping (the phase matters more than the code: SMTP tells us where we are):
 
     connect, TLS, EHLO fail; refused; dropped before MAIL         transient
     AUTH refused (535, 534, 530...), 530 "authentication required"
-    at any phase                                                   account (the breaker
+    at any phase; no STARTTLS offered while credentials need it    account (the breaker
                                                                    opens; nothing spent)
     421, 450, 451, 452 (and any 4xx) at MAIL, RCPT, DATA, or "."   transient
     550-554 (and any 5xx) at MAIL, RCPT, DATA, or "."              permanent
@@ -242,6 +242,10 @@ class SMTPProvider(Provider):
                 except SMTPAuthenticationError as exc:  # the account's login, not the message
                     return Outcome.account(f"auth: {_describe(exc)}")
                 except (SMTPException, OSError) as exc:
+                    if self._no_tls_for_credentials(exc):
+                        return Outcome.account(
+                            "connect: the server offers no STARTTLS, and credentials are "
+                            "never sent in clear (starttls=0&allow_plain_auth=1 to allow it)")
                     return Outcome.transient(f"connect failed: {_describe(exc)}")
                 try:
                     reply = await self._transaction(conn, sender, delivery.recipient, data)
@@ -275,6 +279,13 @@ class SMTPProvider(Provider):
             raise _Phase("data", exc) from None
         conn.sent += 1
         return reply
+
+    def _no_tls_for_credentials(self, exc: BaseException) -> bool:
+        """Did the connection stop, before AUTH, because STARTTLS (required with
+        credentials) is not offered? The account's configuration, not the message's fault.
+        (aiosmtplib says so with a bare ``SMTPException``, after closing the client.)"""
+        return (self.config.username is not None and self.config.starttls is True
+                and type(exc) is SMTPException and "STARTTLS" in str(exc))
 
     # -- the pool --------------------------------------------------------------------------
     async def _checkout(self) -> _Connection:
