@@ -279,10 +279,11 @@ async def import_csv(
     pending: asyncio.Task[list[EnqueueResult]] | None = None
     producer = import_producer(import_id)
 
-    async def write(batch: list[Message], lines: list[int]) -> list[EnqueueResult]:
-        """Write a batch; rows whose keys conflict are skipped (and reported) and the rest
-        written again. Each try is one transaction, so a refused try wrote nothing."""
-        progress = _progress(report)
+    async def write(batch: list[Message], lines: list[int],
+                    progress: ImportProgress) -> list[EnqueueResult]:
+        """Write a batch with the counters as they were when it was read; rows whose keys
+        conflict are skipped (and reported) and the rest written again. Each try is one
+        transaction, so a refused try wrote nothing."""
         for _ in range(3):
             try:
                 return await store.enqueue_many_if_template_usable(
@@ -322,13 +323,14 @@ async def import_csv(
                     # One batch in flight while the next is parsed and rendered.
                     await settle()
                     report.rows_enqueued += len(batch)
-                    pending = asyncio.ensure_future(write(batch, batch_lines))
+                    pending = asyncio.ensure_future(
+                        write(batch, batch_lines, _progress(report)))
                     batch, batch_lines = [], []
                     if on_progress is not None:
                         on_progress("import", lines.bytes, total)
             await settle()
             report.rows_enqueued += len(batch)
-            results = await write(batch, batch_lines)
+            results = await write(batch, batch_lines, _progress(report))
             report.rows_created += sum(1 for r in results if r.created)
         finally:
             if pending is not None:
