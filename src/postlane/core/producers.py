@@ -25,6 +25,7 @@ Producers (the ``producer`` column):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,16 @@ class Held:
     template_version: int | None
     import_id: str | None = None
 
+
+
+def held_from_row(row: Sequence[Any]) -> Held:
+    """A ``Held`` from a row of ``store.base.HELD_COLUMNS``. Headers come as a dict or as
+    JSON text, by engine and driver (SQLite, asyncpg, and psycopg under Django, which
+    loads jsonb as text itself)."""
+    values = list(row)
+    if isinstance(values[9], str | bytes):
+        values[9] = json.loads(values[9]) if values[9] else {}
+    return Held(*values)
 
 
 def same_content(message: Message, held: Held) -> bool:

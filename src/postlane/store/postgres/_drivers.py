@@ -14,14 +14,13 @@ each other in a cycle. Neither driver is a dependency: they are imported by the 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.producers import APPLICATION, Held, check_held, first_by_key
+from postlane.core.producers import APPLICATION, Held, check_held, first_by_key, held_from_row
 from postlane.errors import StoreError
 from postlane.store.base import TemplateVersion, enqueue_results, json_text
 from postlane.store.postgres._producing import (
@@ -101,14 +100,7 @@ def _batch(ids: dict[str, int], first: dict[str, Message]) -> dict[str, list[Any
 
 
 def _held(rows: Sequence[Sequence[Any]]) -> list[Held]:
-    """``HELD_BY_KEYS`` rows as ``Held``; asyncpg returns jsonb as text, psycopg2 decoded."""
-    held = []
-    for row in rows:
-        values = list(row)
-        if isinstance(values[9], str):
-            values[9] = json.loads(values[9])
-        held.append(Held(*values))
-    return held
+    return [held_from_row(row) for row in rows]
 
 
 def _existing(messages: dict[str, Message], held: list[Held]) -> dict[str, int]:

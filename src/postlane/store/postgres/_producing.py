@@ -13,7 +13,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.producers import Held, check_held, first_by_key
+from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
@@ -178,7 +178,7 @@ async def enqueue_on_connection(
                 return EnqueueResult(row[0], message.key, created=True)
             # The key exists; under READ COMMITTED a fresh statement sees the winner's row.
             await cur.execute(HELD_BY_KEYS, ([message.key],))
-            held = [Held(*r) for r in await cur.fetchall()]
+            held = [held_from_row(r) for r in await cur.fetchall()]
             if held:
                 check_held({message.key: message}, producer, held,
                            compare_content=compare_content)
@@ -264,7 +264,7 @@ async def _insert_or_find(
     held: list[Held] = []
     if missing:
         await cur.execute(HELD_BY_KEYS, (missing,))
-        held = [Held(*r) for r in await cur.fetchall()]
+        held = [held_from_row(r) for r in await cur.fetchall()]
     return created, held
 
 
@@ -280,7 +280,7 @@ def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message,
             if row:
                 return EnqueueResult(row[0], message.key, created=True)
             cur.execute(HELD_BY_KEYS, ([message.key],))
-            held = [Held(*r) for r in cur.fetchall()]
+            held = [held_from_row(r) for r in cur.fetchall()]
             if held:
                 check_held({message.key: message}, producer, held)
                 return EnqueueResult(held[0].id, message.key, created=False)
@@ -319,7 +319,7 @@ def enqueue_many_on_sync_connection(
         existing: dict[str, int] = {}
         if missing:
             cur.execute(HELD_BY_KEYS, (missing,))
-            held = [Held(*r) for r in cur.fetchall()]
+            held = [held_from_row(r) for r in cur.fetchall()]
             check_held(first, producer, held)
             existing = {row.key: row.id for row in held}
     return enqueue_results(messages, created, existing)

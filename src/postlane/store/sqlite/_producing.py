@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.producers import Held, check_held, first_by_key
+from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
@@ -88,12 +88,7 @@ _HELD_BY_KEYS = (
 def held_by_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[Held]:
     """The existing deliveries of ``keys``: who holds each and what it will send."""
     rows = conn.execute(_HELD_BY_KEYS, (json.dumps(list(keys)),)).fetchall()
-    held = []
-    for row in rows:
-        values = list(row)
-        values[9] = json.loads(values[9]) if values[9] else {}  # headers: JSON text
-        held.append(Held(*values))
-    return held
+    return [held_from_row(row) for row in rows]
 
 
 # One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
