@@ -67,7 +67,7 @@ def scenario() -> dict[str, Any]:
 
     import postlane.django
     from postlane.django.conf import store_url
-    from postlane.errors import InvalidMessage
+    from postlane.errors import InvalidMessage, KeyConflict
     from postlane.store import open_store
 
     seen: dict[str, Any] = {}
@@ -103,9 +103,17 @@ def scenario() -> dict[str, Any]:
         seen["sent_2"] = welcome_bo().send()
         seen["outbox_inside_atomic"] = len(postlane.django.outbox)
     seen["outbox_after_commit"] = len(postlane.django.outbox)
-    # The same email (same keys, same content) again: nothing new.
+    # The same email (same keys, same content) again: nothing new. The same key for
+    # another text is refused, and the transaction rolls back.
     with transaction.atomic():
         welcome_bo().send()
+    try:
+        with transaction.atomic():
+            other = welcome_bo()
+            other.body = "Hi Bo, something else"
+            other.send()
+    except KeyConflict as exc:
+        seen["conflict"] = str(exc)
 
     # 3. Outside any atomic block: Django's autocommit, committed at once.
     seen["send_mail"] = send_mail("Hello", "No key given", None, ["cy@example.com"])
