@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from postlane.cli.worker import Limits, parse_limits, parse_rate
+from postlane.core.rates import Limits, parse_limits, parse_rate
 from postlane.errors import ConfigurationError
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import signal
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Annotated
 
@@ -15,9 +13,11 @@ from rich.markup import escape
 
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
+from postlane.core.rates import parse_limits, parse_rate
 from postlane.errors import ConfigurationError
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
+from postlane.logs import configure_logging, log_effective_configuration
 from postlane.providers.base import no_account_limits, reports_account_limits
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
@@ -28,61 +28,6 @@ from postlane.worker.drain import DEFAULT_DRAIN_TIMEOUT_S, DrainResult, drain_wi
 
 EXIT_DRAIN_GAVE_UP = 3
 """``worker --drain`` gave up after ``--drain-timeout``: not a crash, work is left waiting."""
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h|d|day))?\s*$")
-_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
-        "d": 86400.0, "day": 86400.0}
-_DAILY = ("d", "day")
-
-
-def parse_rate(text: str) -> float:
-    """``200/s``, ``12000/m``, ``200`` -> sends per second."""
-    match = _RATE.match(text)
-    if not match or float(match[1]) <= 0:
-        raise ConfigurationError(f"not a rate: {text!r} (expected e.g. 200/s or 12000/m)")
-    return float(match[1]) / _PER[match[2]]
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What ``--rate`` asks for: a per-second ceiling, a daily quota, or the provider's own."""
-
-    per_second: float | None = None
-    per_day: int | None = None
-    auto: bool = False
-
-
-def parse_limits(text: str) -> Limits:
-    """``200/s``, ``50000/d``, ``14/s,50000/d`` or ``auto`` -> the limits to enforce.
-
-    A ``/d`` (``/day``) part is a quota over any 24 hours, not a rate of quota/86400 per
-    second: it may be used in bursts (see postlane.limiter.base). At most one of each kind.
-    """
-    parts = [part.strip() for part in text.split(",")]
-    if [part.lower() for part in parts] == ["auto"]:
-        return Limits(auto=True)
-    per_second: float | None = None
-    per_day: int | None = None
-    for part in parts:
-        match = _RATE.match(part)
-        if part.lower() == "auto":
-            raise ConfigurationError(f"--rate {text!r}: auto reads every limit from the "
-                                     "provider; give it alone")
-        rate = parse_rate(part)
-        if match is not None and match[2] in _DAILY:
-            if per_day is not None or not float(match[1]).is_integer():
-                raise ConfigurationError(f"--rate {text!r}: one daily quota, a whole number "
-                                         "of sends (e.g. 50000/d)")
-            per_day = int(float(match[1]))
-        elif per_second is not None:
-            raise ConfigurationError(f"--rate {text!r}: one per-second ceiling and at most "
-                                     "one daily quota (e.g. 14/s,50000/d)")
-        else:
-            per_second = rate
-    if per_day is not None and per_day < 2:
-        raise ConfigurationError(f"--rate {text!r}: a daily quota needs at least 2 sends")
-    return Limits(per_second, per_day)
-
 
 def _lanes(text: str | None) -> tuple[LaneConfig, ...]:
     return tuple(parse_lane_shares(text)) if text else DEFAULT_LANES
@@ -154,9 +99,8 @@ def worker(
                                            help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        configure_logging(log_level, ctx.obj.log_format)
         config = WorkerConfig(
             concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
             lease=lease, attempt_timeout_s=attempt_timeout.total_seconds(),
@@ -183,6 +127,8 @@ def worker(
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
+    log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
+                                {"db": ctx.obj.db, **ctx.params})
 
     async def _auto_limiter() -> RateLimiter:
         """The first read of the account's limits: a provider that cannot answer stops the
@@ -232,7 +178,7 @@ def worker(
                 if limiter_obj is not None:
                     await limiter_obj.close()
 
-    from postlane.cli.main import err_console, run_async
+    from postlane.cli.shell import err_console, run_async
 
     result = run_async(_run())
     if result is not None and not result.drained:
@@ -252,7 +198,7 @@ def pause(
     async def _pause(store: Store) -> None:
         await pause_lane(store, lane)
 
-    from postlane.cli.main import console, run_with_store
+    from postlane.cli.shell import console, run_with_store
 
     run_with_store(ctx, _pause)
     console.print(f"lane {lane} paused: workers stop claiming it within a second")
@@ -270,7 +216,7 @@ def resume(
     async def _resume(store: Store) -> None:
         await resume_lane(store, lane)
 
-    from postlane.cli.main import console, run_with_store
+    from postlane.cli.shell import console, run_with_store
 
     run_with_store(ctx, _resume)
     console.print(f"lane {lane} resumed")
@@ -285,4 +231,4 @@ def _check_lane(lane: str, lanes: str | None) -> None:
         raise typer.BadParameter(f"unknown lane {lane!r} (configured: {', '.join(names)})")
 
 
-__all__ = ["Limits", "open_store", "parse_limits", "parse_rate", "pause", "resume", "worker"]
+__all__ = ["open_store", "parse_rate", "pause", "resume", "worker"]
