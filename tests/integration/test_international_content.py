@@ -32,6 +32,7 @@ from postlane.providers.smtp import SMTPProvider
 from postlane.store import Store
 from postlane.worker import Worker, WorkerConfig
 from tests.factories import delivery
+from tests.integration.test_api import Api, api, body, problem  # noqa: F401 (the fixture)
 from tests.integration.test_provider_ses import (  # noqa: F401 (fixtures)
     moto,
     moto_url,
@@ -276,3 +277,26 @@ async def test_ses_refuses_a_unicode_local_part_before_calling_it(
     assert "Amazon SES does not support SMTPUTF8" in (outcome.response or "")
     assert "山田" not in (outcome.response or "")
     assert sent_messages() == []
+
+
+# -- the HTTP API's door ---------------------------------------------------------------------
+async def test_the_api_takes_international_addresses_as_given(api: Api) -> None:
+    response = await api.send("intl:api", body(to="анна@пример.рф", sender="app@bücher.de",
+                                                subject=SCRIPTS["cjk"].subject))
+    assert response.status_code == 201, response.text
+    stored = await api.store.get("intl:api")
+    assert stored is not None
+    assert (stored.recipient, stored.sender) == ("анна@пример.рф", "app@bücher.de")
+    assert stored.subject == SCRIPTS["cjk"].subject
+
+
+@pytest.mark.parametrize(("to", "why"), [
+    ("anna@☃.net", "IDNA 2008"),
+    ("an\u200bna@example.com", "invisible format character"),
+    ("u\u0308ser@example.com", "NFC"),
+])
+async def test_the_api_refuses_an_invalid_international_address_with_422(
+        api: Api, to: str, why: str) -> None:
+    data = problem(await api.send("intl:bad", body(to=to)), 422)
+    assert data["field"] == "to" and why in data["detail"]
+    assert await api.store.find_deliveries(key="intl:bad") == []
