@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from postlane.core.durations import parse_duration
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
 from postlane.errors import ConfigurationError
 from postlane.limiter import open_limiter
 from postlane.providers.registry import open_provider
@@ -66,10 +66,20 @@ def worker(
                                             help="Most deliveries per claim.")] = 100,
     lease: Annotated[str, typer.Option(envvar="POSTLANE_LEASE", show_envvar=True,
                                        help="Lease per claim, renewed while sending.")] = "30s",
-    attempt_timeout: Annotated[str, typer.Option(
+    attempt_timeout: Annotated[str | None, typer.Option(
         envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
-        help="Longest wait for the provider's answer; past it the attempt is ambiguous.")
-    ] = "10s",
+        help="Longest wait for the provider's answer, per lane (interactive=3s,bulk=10s) or "
+             "one duration for every lane; past it the attempt is ambiguous "
+             "[default: interactive 3s, bulk 10s].")] = None,
+    retry_base: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_BASE", show_envvar=True,
+        help="Backoff base per lane, e.g. interactive=250ms,bulk=1s: the first retry comes "
+             "within twice the base, each further one waits up to twice as long "
+             "[default: interactive 250ms, bulk 1s].")] = None,
+    retry_cap: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_CAP", show_envvar=True,
+        help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
+             "[default: interactive 30s, bulk 5m].")] = None,
     grace: Annotated[str, typer.Option(
         envvar="POSTLANE_GRACE", show_envvar=True,
         help="On SIGTERM, how long in-flight sends may finish.")] = "10s",
@@ -89,9 +99,10 @@ def worker(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = WorkerConfig(
-            concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
+            concurrency=concurrency, batch_size=batch_size,
+            lanes=with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
+                                    retry_base=retry_base, retry_cap=retry_cap),
             lease=_duration(lease, "--lease"),
-            attempt_timeout_s=_duration(attempt_timeout, "--attempt-timeout").total_seconds(),
             grace_s=_duration(grace, "--grace").total_seconds(), drain=drain,
         )
         ceiling = parse_rate(rate) if rate else None

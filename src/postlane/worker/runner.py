@@ -73,6 +73,7 @@ class WorkerConfig:
     batch_size: int = 100
     lease: timedelta = timedelta(seconds=30)
     attempt_timeout_s: float = 10.0
+    """For lanes that set no ``attempt_timeout_s`` of their own (the default lanes do)."""
     poll_interval_s: float = 1.0
     grace_s: float = 10.0
     rescue_interval_s: float = 2.0
@@ -86,6 +87,7 @@ class WorkerConfig:
     can overfill a one-second window at the provider."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
@@ -401,13 +403,14 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
+        timeout_s = lane.attempt_timeout_s or self.config.attempt_timeout_s
         started = self.clock.monotonic()
         try:
-            async with asyncio.timeout(self.config.attempt_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 outcome = await self.provider.send(delivery)
         except TimeoutError:
             outcome = Outcome.ambiguous(
-                f"no answer within {self.config.attempt_timeout_s:g}s after the request left"
+                f"no answer within {timeout_s:g}s after the request left"
             )
         except asyncio.CancelledError:
             if not self._shutting_down:
