@@ -247,13 +247,13 @@ class Worker:
         return False
 
     async def _renew_step(self) -> bool:
+        """Renew every lease held. A claim not renewed is not counted as lost here: most are
+        outcomes the acker wrote meanwhile (a race, not a loss), and a real loss is counted
+        once, when the acker finds its outcome's guard no longer holds."""
         await self.clock.sleep(self.config.lease.total_seconds() / 3)
         held = list(self._held.values())
         if held:
-            kept = await self.store.renew_leases(self.owner, held, self.config.lease)
-            lost = len(held) - len(kept)
-            if lost:
-                self.counters["lease_lost"] += lost
+            await self.store.renew_leases(self.owner, held, self.config.lease)
         return False
 
     # -- claiming --------------------------------------------------------------------------
@@ -357,37 +357,56 @@ class Worker:
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
                 ), release=True)
             to_send = [d for d in to_send if d.id not in suppressed]
-        while to_send:
-            if self._shutting_down:
-                for delivery in to_send:
-                    pending.pop(delivery.id)
-                    self._release(delivery, "released at shutdown")
-                return
-            reserved = await self.pacer.reserve(lane, len(to_send))
-            reserved_at = self.clock.monotonic()
-            if reserved is None:  # the gate is closed for long: give them back, unspent
-                retry_in = await self.pacer.gate_remaining()
-                for delivery in to_send:
-                    pending.pop(delivery.id)
-                    self._release(delivery, "rate limit gate closed", delay_s=retry_in,
-                                  event="throttled")
-                return
-            delays, uncertainty = reserved
-            group, to_send = to_send[:len(delays)], to_send[len(delays):]
-            started = await self.store.start_attempts(
-                self.owner, [Claim(d.id, d.claims) for d in group]
-            )
-            # Slots are relative to the limiter's decision: the round trip above must not
-            # push the whole group late, or it bunches up against the next group's sends.
-            elapsed = self.clock.monotonic() - reserved_at
-            sends = []
-            for delivery, delay in zip(group, delays, strict=True):
-                pending.pop(delivery.id)  # from here on, _send_one owns its outcome
-                if delivery.id not in started:
-                    self._lost(delivery, "lease lost before the attempt started")
-                    continue
-                sends.append(self._send_one(config, delivery, delay - elapsed, uncertainty))
-            await asyncio.gather(*sends)
+        await self._send_in_groups(lane, config, to_send, pending)
+
+    async def _send_in_groups(self, lane: str, config: LaneConfig, to_send: list[Delivery],
+                              pending: dict[int, Delivery]) -> None:
+        """Reserve slots for as many as the limiter grants, start those attempts, and go on
+        reserving while they wait for their slots. Under a backlog the limiter grants a slot
+        or two per call (the horizon is full of other batches' slots): waiting for each
+        group's sends before reserving the next would send a batch one round trip at a time,
+        and a reset released by a 429 would wait seconds behind its own batch."""
+        sends: list[asyncio.Task[None]] = []
+        try:
+            while to_send:
+                if self._shutting_down:
+                    for delivery in to_send:
+                        pending.pop(delivery.id)
+                        self._release(delivery, "released at shutdown")
+                    break
+                reserved = await self.pacer.reserve(lane, len(to_send))
+                reserved_at = self.clock.monotonic()
+                if reserved is None:  # the gate is closed for long: give them back, unspent
+                    retry_in = await self.pacer.gate_remaining()
+                    for delivery in to_send:
+                        pending.pop(delivery.id)
+                        self._release(delivery, "rate limit gate closed", delay_s=retry_in,
+                                      event="throttled")
+                    break
+                delays, uncertainty = reserved
+                group, to_send = to_send[:len(delays)], to_send[len(delays):]
+                started = await self.store.start_attempts(
+                    self.owner, [Claim(d.id, d.claims) for d in group]
+                )
+                # Slots are relative to the limiter's decision: the round trip above must not
+                # push the whole group late, or it bunches up against the next group's sends.
+                elapsed = self.clock.monotonic() - reserved_at
+                for delivery, delay in zip(group, delays, strict=True):
+                    pending.pop(delivery.id)  # from here on, _send_one owns its outcome
+                    if delivery.id not in started:
+                        self._lost(delivery, "lease lost before the attempt started")
+                        continue
+                    sends.append(asyncio.create_task(
+                        self._send_one(config, delivery, delay - elapsed, uncertainty)))
+        except asyncio.CancelledError:  # the grace period is over: so is every send's
+            for send in sends:
+                send.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            raise
+        except Exception:  # the sends already started own their outcomes: let them finish
+            await asyncio.gather(*sends, return_exceptions=True)
+            raise
+        await asyncio.gather(*sends)
 
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float,
                         uncertainty_s: float = 0.0) -> None:
