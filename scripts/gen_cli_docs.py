@@ -31,7 +31,9 @@ END = "<!-- END GENERATED -->"
 
 _DEFAULT_HINT = re.compile(r"\s*\[default: ([^\]]*)\]")
 _TYPE_NAMES = {"str": "text", "int": "integer", "float": "number", "bool": "flag",
-               "Path": "path", "list[str]": "text, repeatable"}
+               "Path": "path", "list[str]": "text, repeatable",
+               "timedelta": "duration"}
+"""``duration``: 90s, 15m, 2h, 1d, or a bare number of seconds (``postlane.cli.durations``)."""
 
 
 @dataclass(frozen=True)

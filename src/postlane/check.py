@@ -13,7 +13,9 @@ What is checked, and why it matters before traffic:
   reach it fails closed and sends nothing);
 - **provider**: the URL is understood, the adapter opens and closes, and, when the adapter
   has a no-send probe (``async def check(self) -> str | None``), the provider accepts the
-  credentials;
+  credentials; without a probe, something answers at its endpoint (a TCP connect, nothing
+  sent: a connect timeout or a refused connection fails); an adapter that needs a sender
+  has one (``from=``) for messages that name none;
 - **lanes**: the shares add up to 100 % and each lane gets at least one slot;
 - **retry budget**: each lane's expected backoff over its attempts fits in about two-thirds
   of its expiry, so retries stop while the message (a reset link...) is still useful;
@@ -23,6 +25,7 @@ What is checked, and why it matters before traffic:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import sqlite3
@@ -369,9 +372,50 @@ def build_provider(url: str | None) -> tuple[list[Finding], Provider | None]:
 
 async def check_provider(provider: Provider,
                          *, timeout_s: float = PROVIDER_TIMEOUT_S) -> list[Finding]:
-    """Open the adapter, run its no-send probe when it has one, close it."""
-    probe: Callable[[], Awaitable[str | None]] | None = getattr(provider, "check", None)
+    """Open the adapter, run its no-send probe when it has one (else see that something
+    answers at its endpoint), close it; and see that it has a sender for messages with
+    none of their own."""
     what = f"{provider.name} (account {provider.account!r})"
+    return [*check_sender(provider, what), *await _reach_provider(provider, what, timeout_s)]
+
+
+def check_sender(provider: Provider, what: str | None = None) -> list[Finding]:
+    """A provider that needs a sender and has no ``from=``: every message that names no
+    sender of its own would stop the account (account-level trouble), not be sent."""
+    if not provider.needs_sender or provider.configured_sender():
+        return []
+    what = what or f"{provider.name} (account {provider.account!r})"
+    return [Finding(
+        "provider", "fail",
+        f"provider {what} has no sender: its URL names no from= address, so a message that "
+        "names no sender of its own is not sent (the breaker opens for account trouble)",
+        "add from=noreply@your-domain (an address the provider has verified) to the "
+        "provider URL",
+    )]
+
+
+async def check_endpoint(host: str, port: int, timeout_s: float) -> str | None:
+    """Open a TCP connection to ``host:port`` and close it (nothing is sent): None when
+    something answered, else what happened, in plain words."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
+        return (f"nothing answers at {host}:{port}: no connection within {timeout_s:g} s "
+                "(connect timeout; a firewall dropping packets, or a wrong host)")
+    except ConnectionRefusedError:
+        return f"nothing answers at {host}:{port}: connection refused (nothing listens there)"
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {_one_line(exc) or type(exc).__name__}"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
+
+
+async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> list[Finding]:
+    probe: Callable[[], Awaitable[str | None]] | None = getattr(provider, "check", None)
+    endpoint = None if callable(probe) else provider.endpoint()
     problem: str | None = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -385,6 +429,12 @@ async def check_provider(provider: Provider,
         problem = f"no answer within {timeout_s:g} s"
     except Exception as exc:  # an adapter's failure to open is exactly what we look for
         problem = f"{type(exc).__name__}: {_one_line(exc)}"
+    if problem is None and endpoint is not None:
+        problem = await check_endpoint(*endpoint, timeout_s=timeout_s)
+        if problem is not None:
+            return [Finding("provider", "fail", f"provider {what}: {problem}",
+                            "check the host and port of the provider URL, and that this "
+                            "host may reach them (firewall, proxy, DNS)")]
     if problem is not None:
         return [Finding("provider", "fail", f"provider {what}: {problem}",
                         "check the provider URL and the credentials it reads from the "
@@ -392,8 +442,9 @@ async def check_provider(provider: Provider,
     if callable(probe):
         return [Finding("provider", "ok",
                         f"provider {what} accepted the credentials (no message sent)")]
+    reached = f"answers at {endpoint[0]}:{endpoint[1]}" if endpoint else "opens and closes"
     return [Finding("provider", "ok",
-                    f"provider {what} opens and closes; no probe available, so the "
+                    f"provider {what} {reached}; no probe available, so the "
                     "credentials are first tested by a real send")]
 
 
@@ -607,11 +658,13 @@ __all__ = [
     "ProviderProbe",
     "build_provider",
     "check_database",
+    "check_endpoint",
     "check_lane_shares",
     "check_limiter",
     "check_provider",
     "check_rate",
     "check_retry_budgets",
+    "check_sender",
     "expected_retry_budget_s",
     "human",
     "lane_configs",

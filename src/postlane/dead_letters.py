@@ -106,7 +106,12 @@ async def _sent_canary(store: Store, selection: DeadLetterFilter) -> int:
 
 
 def _time(value: object) -> datetime | None:
+    """A snapshot's time; None also for one Python cannot hold (a poison row's year 10000
+    or ``infinity``: no end of usefulness that a replay could miss)."""
     if not isinstance(value, str) or not value:
         return None
-    parsed = datetime.fromisoformat(value)
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

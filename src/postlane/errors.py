@@ -4,12 +4,17 @@
     ├── InvalidMessage            bad input at enqueue; nothing was written
     │   ├── InvalidAddress
     │   ├── InvalidHeader
+    │   ├── InvalidText           a NUL or a lone surrogate: no database column holds it
+    │   ├── InvalidMetadata       metadata that is not a JSON object (or nested too deep)
     │   ├── UnknownLane
     │   ├── InvalidKey
+    │   ├── InvalidTime           a time no store can read back (naive, out of range)
     │   ├── ContentTooLarge
     │   ├── UnknownTemplate       no such template (or version)
     │   ├── TemplateDeprecated    the template takes no new enqueues
-    │   └── TemplateError         a template failed to render (a missing variable...)
+    │   ├── TemplateError         a template failed to render (a missing variable...)
+    │   └── MissingSender         no sender on the message nor on the provider: the
+    │                             adapter answers an account-level outcome, not a dead letter
     ├── ConfigurationError        a bad URL, option or lane table
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
@@ -45,12 +50,27 @@ class InvalidHeader(InvalidMessage):
     """A header name or value would corrupt the message on the wire (CR/LF, bad name)."""
 
 
+class InvalidText(InvalidMessage):
+    """A text holds a NUL character (PostgreSQL refuses it in text and jsonb) or a lone
+    surrogate (it has no UTF-8 form): it could be neither stored nor sent."""
+
+
+class InvalidMetadata(InvalidMessage):
+    """Metadata is not a JSON object both engines store alike: a non-string key, NaN or
+    infinity, a value JSON has no form for, or nesting deeper than the documented limit."""
+
+
 class UnknownLane(InvalidMessage):
     """The message names a lane that is not configured."""
 
 
 class InvalidKey(InvalidMessage):
     """The idempotency key is empty, too long or contains control characters."""
+
+
+class InvalidTime(InvalidMessage):
+    """A time (``expires_at``) or span (``expires_in``, ``delay``) that is naive, or that
+    lands outside the range both stores can read back: stored, it could never be sent."""
 
 
 class ContentTooLarge(InvalidMessage):
@@ -88,6 +108,12 @@ class TemplateDeprecated(InvalidMessage):
 class TemplateError(InvalidMessage):
     """The template failed to render for these variables: an undefined variable, a bad
     filter, a construct the sandbox forbids, or a syntax error in a new version."""
+
+
+class MissingSender(InvalidMessage):
+    """Neither the message nor the provider names a sender. Raised when the adapter builds
+    the request; it is the deployment's configuration (``from=`` on the provider URL), not
+    the message, so the send maps to an account-level outcome and waits, unspent."""
 
 
 class TemplateInUse(PostlaneError):

@@ -11,7 +11,8 @@ Rows are streamed (the ``csv`` module over the file), rendered against one templ
 written in each batch's transaction. A bad row is skipped and reported with its line
 number; with ``strict`` the whole file is validated first and nothing is written if any
 row is bad. Problems with the file itself (a missing column, a variable the template needs
-that no column provides, bytes that are not UTF-8) stop the import either way.
+that no column provides, bytes that are not UTF-8, a NUL byte anywhere) stop the import
+either way; a NUL byte is looked for before anything is written.
 
 Operators see each import (``postlane imports show``): its run record, what became of its
 deliveries, and whether it is paused (``pause``: every worker stops claiming its
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.validation import validate
+from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage
 from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
@@ -160,6 +161,22 @@ class _Rows:
         return message
 
 
+def _check_no_nul(path: str) -> None:
+    """Refuse a file with a NUL byte before a row is written: no database stores NUL in a
+    text, and a CSV holding one is almost always UTF-16 or not text at all. One pass in
+    large chunks (``bytes.find``), a small cost next to rendering every row."""
+    line = 1
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            at = chunk.find(b"\0")
+            if at >= 0:
+                line += chunk.count(b"\n", 0, at)
+                raise ImportRejected(
+                    f"line {line}: contains a NUL byte (is the file UTF-16, or not text?); "
+                    "save it as UTF-8 CSV", problems=[(line, "NUL byte")])
+            line += chunk.count(b"\n")
+
+
 def _read_header(reader: Iterator[list[str]], path: str,
                  compiled: CompiledTemplate) -> list[str]:
     try:
@@ -209,7 +226,8 @@ async def import_csv(
     started = time.monotonic()
     path = os.fspath(path)
     check_name(template)
-    if not import_id or any(ord(c) < 32 or c == ":" for c in import_id):
+    if (not import_id or any(ord(c) < 32 or c == ":" for c in import_id)
+            or text_problem(import_id)):
         raise ImportRejected(f"import id {import_id!r} must be non-empty, without ':' or "
                              "control characters")
     if batch_size < 1:
@@ -219,6 +237,7 @@ async def import_csv(
     file_name = Path(path).name
     total = os.path.getsize(path)
     report = ImportReport(import_id, template, version, file_name)
+    _check_no_nul(path)
 
     existing = await store.get_import(import_id)
     if existing is not None and existing.template != template:

@@ -33,7 +33,7 @@ so several scrapers and open dashboards do not multiply the queries.
 ==================================================  ==========================================
 ``postlane_sends_total{lane,outcome}``              attempts by outcome class (accepted,
                                                     throttled, transient, ambiguous,
-                                                    permanent, handler_error)
+                                                    permanent, account, handler_error)
 ``postlane_dead_letter_arrivals_total{lane,reason}``  deliveries dead-lettered by this worker
 ``postlane_send_duration_seconds{lane}``            the provider call, per attempt
 ``postlane_enqueue_to_send_seconds{lane}``          enqueue until accepted (a replay counts

@@ -50,6 +50,15 @@ class FleetStatus:
         return data
 
 
+def breaker_reason(record: dict[str, Any]) -> str:
+    """Why a breaker is open, in one line: its reason, plus the account trouble it met when
+    the reason no longer says so ("probe abandoned")."""
+    why, cause = str(record.get("reason", "")), str(record.get("cause", ""))
+    if cause and cause not in why:
+        why = f"{why}; account trouble: {cause}"
+    return why
+
+
 async def fleet_status(store: Store) -> FleetStatus:
     """Read the four numbers and the controls (five queries; see the module docstring)."""
     started = time.perf_counter()

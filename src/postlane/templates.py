@@ -42,7 +42,9 @@ from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import concat
 
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
+from postlane.core.validation import check_subject, check_text
 from postlane.errors import (
+    InvalidHeader,
     InvalidMessage,
     TemplateDeprecated,
     TemplateError,
@@ -58,6 +60,7 @@ __all__ = [
     "TemplateVersion",
     "add_template",
     "check_name",
+    "check_parts",
     "compile_template",
     "delete_template",
     "deprecate_template",
@@ -202,6 +205,20 @@ def check_name(name: str) -> None:
             "starting with a letter or digit", field="template_id")
 
 
+def check_parts(subject: str, text: str | None, html: str | None) -> None:
+    """Refuse, at creation, a template no message could be rendered from: a subject with a
+    line break (every rendering of it would be refused at enqueue, every import row
+    skipped), or a part no database column can hold."""
+    try:
+        check_subject(subject)
+    except InvalidHeader as exc:
+        raise TemplateError(f"template {exc}: a subject is one line, and every message "
+                            "rendered from it would be refused", field="subject") from None
+    for part, source in (("text", text), ("html", html)):
+        if source is not None:
+            check_text(source, field=part)
+
+
 def require_usable(
     template: TemplateVersion | None, name: str, version: int | None
 ) -> TemplateVersion:
@@ -224,6 +241,7 @@ async def add_template(
     check_name(name)
     if text is None and html is None:
         raise TemplateError("a template needs a text or an html body", field="text")
+    check_parts(subject, text, html)
     probe = TemplateVersion(name, 0, subject, text, html, datetime.min, 0, False)
     CompiledTemplate(probe, _COMPILER.plain, _COMPILER.html)  # raises on a syntax error
     return await store.add_template_version(name, subject, text, html)

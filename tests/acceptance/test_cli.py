@@ -4,6 +4,7 @@ a real ``postlane`` process, checked by exit status, output and what it wrote.""
 from __future__ import annotations
 
 import json
+import socket
 
 from conftest import SideDB
 
@@ -83,3 +84,23 @@ def test_cli_end_to_end_on_sqlite(sqlite_url: str, launcher: Launcher) -> None:
     unknown = launcher.cli(db, "pause", "marketing")
     assert unknown.returncode != 0
     assert "unknown lane 'marketing'" in unknown.stderr
+
+
+def test_a_drain_against_a_provider_that_stays_down_gives_up(sqlite_url: str,
+                                                             launcher: Launcher) -> None:
+    """`worker --drain` does not run forever: past --drain-timeout it stops gracefully, exits
+    3 and says what still waits; the delivery is left pending for the next run."""
+    db = sqlite_url
+    launcher.cli_ok(db, "migrate")
+    launcher.cli_ok(db, "enqueue", "--to", "ada@example.com", "--key", "reset:down-1",
+                    "--text", "Follow the link.", "--from", "app@example.org")
+    with socket.socket() as sock:  # a port nobody listens on: the provider is down
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = launcher.cli(db, "worker", "--provider", f"http://127.0.0.1:{port}/send",
+                          "--drain", "--drain-timeout", "2s", timeout=60)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert "gave up draining after 2 s: 1 delivery still waiting" in result.stderr
+    status = json.loads(launcher.cli_ok(db, "status", "--json"))
+    assert status["states"].get("pending") == 1 and not status["states"].get("sending")

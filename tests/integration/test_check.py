@@ -33,6 +33,7 @@ from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
 from postlane.core.policy import RetryPolicy
 from postlane.providers.base import Provider
+from postlane.providers.registry import open_provider
 from postlane.store.migrations import load
 
 REDIS_URL = os.environ.get("POSTLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -412,3 +413,77 @@ def test_an_api_host_checks_only_what_it_uses(migrated_pg: str) -> None:
     result = CliRunner().invoke(app, ["--db", migrated_pg, "check", "--skip", "network"])
     assert result.exit_code == 2
     assert "unknown check 'network'" in result.output
+
+
+# -- the provider's sender and endpoint ---------------------------------------------------
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:{port}/send", "resend://:key@?base_url=http://127.0.0.1:{port}",
+    "postmark://:token@?base_url=http://127.0.0.1:{port}",
+    "smtp://127.0.0.1:{port}", "ses://testing:secret@eu-west-1?endpoint_url=http://127.0.0.1:{port}",
+])
+def test_a_provider_without_a_sender_fails(migrated_pg: str, url: str) -> None:
+    """No from= on the provider URL: every message without its own sender would stop the
+    account, so the check fails with one clear line (and names the fix)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code, report = run_check(migrated_pg, "--provider", url.format(port=port),
+                                 "--skip", "limiter,rate,lanes")
+    assert code == 1
+    [sender] = [f for f in failures(report) if "no sender" in f["message"]]
+    assert "names no from= address" in sender["message"] and "from=" in sender["hint"]
+    plain = CliRunner().invoke(app, ["--db", migrated_pg, "check", "--provider",
+                                     url.format(port=closed_port()), "--skip",
+                                     "limiter,rate,lanes"])
+    assert plain.exit_code == 1
+    assert sum("has no sender" in line for line in plain.stdout.splitlines()) == 1
+
+
+def test_a_provider_with_a_sender_and_an_answering_endpoint_passes(migrated_pg: str) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code, report = run_check(migrated_pg, "--provider",
+                                 f"http://127.0.0.1:{port}/send?from=ops@example.org",
+                                 "--skip", "limiter,rate,lanes")
+    assert code == 0, report
+    [provider] = by_check(report, "provider")
+    assert f"answers at 127.0.0.1:{port}" in provider["message"]
+
+
+def test_an_endpoint_that_refuses_fails(migrated_pg: str) -> None:
+    port = closed_port()
+    result = CliRunner().invoke(app, ["--db", migrated_pg, "check", "--provider",
+                                      f"http://127.0.0.1:{port}/send?from=ops@example.org",
+                                      "--skip", "limiter,rate,lanes"])
+    assert result.exit_code == 1
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("FAIL")]
+    assert f"nothing answers at 127.0.0.1:{port}: connection refused" in line
+
+
+async def test_an_endpoint_that_does_not_answer_fails_with_a_connect_timeout() -> None:
+    """A listener whose accept queue is full drops further SYNs, as a firewall would: the
+    connection neither completes nor is refused."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(4):  # fill the accept queue (its size is backlog + 1 on Linux)
+                filler = socket.socket()
+                filler.setblocking(False)
+                filler.connect_ex(("127.0.0.1", port))
+                fillers.append(filler)
+            provider = open_provider(f"resend://:key@?base_url=http://127.0.0.1:{port}"
+                                     "&from=ops@example.org")
+            [finding] = await check_provider(provider, timeout_s=0.5)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert finding.failed
+    assert f"nothing answers at 127.0.0.1:{port}: no connection within 0.5 s" in (
+        finding.message)
+    assert "connect timeout" in finding.message

@@ -119,7 +119,7 @@ async def test_lenient_mode_skips_bad_rows_and_reports_their_lines(
     report = await import_csv(tstore, path, template="welcome", import_id="imp-1")
     assert [(p.line, p.reason.split(":")[0]) for p in report.problems] == [
         (3, "email"), (6, "user_id is empty"), (8, "has 3 fields, the header has 4"),
-        (9, "subject contains CR or LF")]
+        (9, "subject contains a line break (CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029)")]
     assert (report.rows_read, report.rows_enqueued, report.rows_skipped) == (7, 3, 4)
     keys = {r[0] for r in side.query("SELECT idempotency_key FROM postlane_deliveries")}
     assert keys == {"welcome:1:imp-1", "welcome:3:imp-1", "welcome:9:imp-1"}

@@ -205,7 +205,7 @@ async def test_postmark_over_the_wire(esp: tuple[FakeESP, str],
     assert inactive.kind is OutcomeClass.PERMANENT and "406" in (inactive.response or "")
     async with adapter(f"postmark://:wrong@?base_url={base}") as pm:
         bad_token = await pm.send(delivery("k:3"))
-    assert bad_token.kind is OutcomeClass.TRANSIENT
+    assert bad_token.kind is OutcomeClass.ACCOUNT
     assert "wrong" not in (bad_token.response or "")
 
 

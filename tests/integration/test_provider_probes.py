@@ -31,8 +31,9 @@ async def test_smtp_probe_logs_in_and_sends_nothing(tls_context: ssl.SSLContext)
     handler, auth = Handler(), Authenticator()
     async with smtp_server(handler, tls_context=tls_context, require_starttls=True,
                            authenticator=auth, auth_require_tls=True) as server:
-        good = f"smtp://mailer:{SECRET}@127.0.0.1:{server.port}?starttls=1&tls_verify=0"
-        bad = f"smtp://mailer:wrong@127.0.0.1:{server.port}?starttls=1&tls_verify=0"
+        options = "starttls=1&tls_verify=0&from=ops@example.org"
+        good = f"smtp://mailer:{SECRET}@127.0.0.1:{server.port}?{options}"
+        bad = f"smtp://mailer:wrong@127.0.0.1:{server.port}?{options}"
         [ok] = await check_provider(open_provider(good))
         [refused] = await check_provider(open_provider(bad))
     assert ok.status == "ok" and "accepted the credentials" in ok.message
@@ -42,6 +43,7 @@ async def test_smtp_probe_logs_in_and_sends_nothing(tls_context: ssl.SSLContext)
 
 
 async def test_unreachable_providers_fail_the_check() -> None:
-    for url in (f"smtp://127.0.0.1:{closed_port()}", f"sandbox+http://127.0.0.1:{closed_port()}"):
+    for url in (f"smtp://127.0.0.1:{closed_port()}?from=ops@example.org",
+                f"sandbox+http://127.0.0.1:{closed_port()}"):
         [finding] = await check_provider(open_provider(url), timeout_s=5)
         assert finding.status == "fail", url

@@ -101,10 +101,10 @@ async def test_accepted_by_moto_with_the_key_header(moto: str) -> None:
     assert parsed["Message-ID"].endswith("@example.org>")
 
 
-async def test_unverified_sender_is_permanent(moto: str) -> None:
+async def test_unverified_sender_is_account_trouble(moto: str) -> None:
     async with ses(ses_url(moto)) as provider:
         outcome = await provider.send(delivery(sender="app@unverified.example"))
-    assert outcome.kind is OutcomeClass.PERMANENT
+    assert outcome.kind is OutcomeClass.ACCOUNT
     assert "MessageRejected" in (outcome.response or "")
     assert SECRET not in (outcome.response or "")
     assert sent_messages() == []
@@ -184,7 +184,7 @@ async def test_read_timeout_after_the_request_left_is_ambiguous(stub: tuple[Stub
 @pytest.mark.parametrize(("status", "code", "kind", "retry_after"), [
     (429, "TooManyRequestsException", OutcomeClass.THROTTLED, None),
     (400, "SendingPausedException", OutcomeClass.THROTTLED, 60.0),
-    (400, "MailFromDomainNotVerifiedException", OutcomeClass.PERMANENT, None),
+    (400, "MailFromDomainNotVerifiedException", OutcomeClass.ACCOUNT, None),
     (500, "InternalServiceErrorException", OutcomeClass.TRANSIENT, None),
 ])
 async def test_stubbed_errors_over_the_wire(stub: tuple[Stub, str], status: int, code: str,
@@ -209,7 +209,6 @@ async def test_worker_sends_through_ses_exactly_once_despite_throttling_and_a_pa
     keys = [f"ses:{i}" for i in range(count)]
     await store.enqueue_many([msg(k, lane="bulk", sender="app@example.org",
                                   to=f"user{i}@example.com") for i, k in enumerate(keys)])
-    await store.enqueue(msg("ses:unverified", lane="bulk", sender="app@elsewhere.example"))
     provider = open_provider(ses_url(url, configuration_set="events", pool="8",
                                      account_retry_after="0.2"))
     worker = Worker(store, provider, config=WorkerConfig(
@@ -227,5 +226,4 @@ async def test_worker_sends_through_ses_exactly_once_despite_throttling_and_a_pa
         assert sent is not None and sent.state is State.SENT
         assert sent.attempts == 1  # throttles and pauses spent no attempt
         assert sent.provider_message_id
-    rejected = await store.get("ses:unverified")
-    assert rejected is not None and rejected.dead_reason == "permanent"
+

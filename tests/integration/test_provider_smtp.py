@@ -337,7 +337,7 @@ async def test_starttls_and_auth(tls_context: ssl.SSLContext,
     assert outcome.kind is OutcomeClass.ACCEPTED
     assert auth.logins[0] == ("mailer", SECRET)
     assert len(handler.received) == 1
-    assert refused.kind is OutcomeClass.TRANSIENT
+    assert refused.kind is OutcomeClass.ACCOUNT  # the login, not the message
     assert "authentication failed" in (refused.response or "")
     assert SECRET not in (refused.response or "")
     client_logs = [r.getMessage() for r in caplog.records if not r.name.startswith("mail.")]

@@ -16,6 +16,8 @@ from postlane.core.breaker import (
     BreakerConfig,
     BreakerRecord,
     FailureWindow,
+    abandoned,
+    account_trouble,
     opened,
     probing,
 )
@@ -320,3 +322,71 @@ def _delivery(id_: int) -> Any:
     class D:
         id = id_
     return D()
+
+
+# -- account-level trouble ---------------------------------------------------------------
+ACCOUNT_WAIT = Decision(State.PENDING, "account_trouble", spend_attempt=False, delay_s=0.5)
+
+
+async def test_account_trouble_opens_at_once_with_the_cause(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    with caplog.at_level("ERROR", logger="postlane.breaker"):
+        await b.observe(Outcome.account("auth: 535 5.7.8 Authentication credentials invalid"),
+                        ACCOUNT_WAIT, 1)
+    record = BreakerRecord.from_json(controls.rows[NAME].value)
+    assert (record.state, record.until) == ("open", clock.now + CONFIG.cooldown_s)
+    assert record.cause == "auth: 535 5.7.8 Authentication credentials invalid"
+    assert record.reason == f"account trouble: {record.cause}"
+    assert await b.may_claim() == (False, False)
+    alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
+    assert len(alerts) == 1 and "535" in alerts[0] and NAME in alerts[0]
+
+
+async def test_account_trouble_keeps_no_address_and_a_bounded_cause() -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    await b.observe(Outcome.account("MessageRejected: Email address is not verified. The "
+                                    "following identities failed the check: "
+                                    "bob.smith@example.com " + "x" * 1000), ACCOUNT_WAIT)
+    cause = BreakerRecord.from_json(controls.rows[NAME].value).cause
+    assert "bob.smith@example.com" not in cause and "b***@example.com" in cause
+    assert len(cause) <= 300
+
+
+async def test_account_trouble_waits_for_the_providers_retry_after() -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    await b.observe(Outcome.account("401", retry_after_s=60.0), ACCOUNT_WAIT)
+    record = BreakerRecord.from_json(controls.rows[NAME].value)
+    assert record.until == clock.now + 60.0 and record.cooldown_s == CONFIG.cooldown_s
+
+
+async def test_a_probe_that_meets_account_trouble_again_keeps_the_cause() -> None:
+    controls, clock = Controls(), Clock()
+    b = breaker(controls, clock)
+    await b.observe(Outcome.account("535 bad credentials"), ACCOUNT_WAIT)
+    clock.now += CONFIG.cooldown_s + 0.1
+    assert await b.may_claim() == (True, True)
+    assert BreakerRecord.from_json(controls.rows[NAME].value).cause == "535 bad credentials"
+    b.probe_claimed([_delivery(5), _delivery(6)])
+    await b.observe(Outcome.account("535 bad credentials"), ACCOUNT_WAIT, 5)
+    await b.observe(Outcome.account("535 still bad"), ACCOUNT_WAIT, 6)
+    record = BreakerRecord.from_json(controls.rows[NAME].value)
+    assert (record.state, record.cooldown_s) == ("open", 2 * CONFIG.cooldown_s)
+    assert record.cause == "535 still bad"
+    assert record.reason == "probe failed: account trouble: 535 still bad"
+    # Fixed: the next probe is accepted and the breaker closes, forgetting the cause.
+    clock.now += 2 * CONFIG.cooldown_s + 0.1
+    assert await b.may_claim() == (True, True)
+    b.probe_claimed([_delivery(7)])
+    await b.observe(Outcome.accepted("m"), SENT, 7)
+    assert NAME not in controls.rows
+
+
+def test_an_abandoned_probe_keeps_the_account_cause() -> None:
+    record = account_trouble(1000.0, CONFIG, "401 bad token")
+    assert abandoned(probing(record, 1006.0, "w1", CONFIG), 1030.0).cause == "401 bad token"
+    assert BreakerRecord.from_json(record.as_json()) == record

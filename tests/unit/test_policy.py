@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome
+from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.core.policy import (
     Decision,
     ProviderTraits,
@@ -242,6 +242,53 @@ def test_400_and_404_dead_letter_at_once_as_permanent(response: str) -> None:
           reason=DeadReason.PERMANENT)
     assert d.detail["response"] == response
     assert rand.calls == 0
+
+
+@pytest.mark.parametrize("attempts", [0, 5, 50])
+def test_a_refusal_with_retry_after_is_retried_then_and_never_dead_lettered(
+    attempts: int,
+) -> None:
+    """A 4xx that names a Retry-After says "later": requeued at that time, unspent, even
+    on the last attempt of the budget."""
+    rand = fixed(0.5)
+    refusal = Outcome(OutcomeClass.PERMANENT, retry_after_s=12.0, response="400 busy")
+    d = decide(delivery(attempts=attempts), refusal, HOLD, NOW, rand=rand)
+    check(d, State.PENDING, "throttled", spend=False, delay=12.0, reason=None)
+    assert rand.calls == 0
+
+
+@pytest.mark.parametrize(("retry_after", "delay"), [(None, 0.5), (30.0, 30.0)])
+@pytest.mark.parametrize("attempts", [0, 5, 50])
+def test_account_trouble_requeues_without_spending_an_attempt(
+    attempts: int, retry_after: float | None, delay: float,
+) -> None:
+    """Bad credentials or an unverified sender are not the message's fault: it waits,
+    unspent, however many attempts it has behind it (the breaker holds the fleet)."""
+    d = decide(delivery(attempts=attempts), Outcome.account("535 bad credentials",
+                                                            retry_after), HOLD, NOW,
+               policy=POLICY, rand=fixed(0.25))
+    check(d, State.PENDING, "account_trouble", spend=False, delay=delay, reason=None)
+    assert d.detail["outcome"] == "account" and d.detail["attempt"] == attempts
+    assert d.detail["response"] == "535 bad credentials"
+
+
+def test_account_trouble_past_expiry_expires_without_spending() -> None:
+    d = delivery(expires_at=NOW + timedelta(seconds=10))
+    decision = decide(d, Outcome.account("401", retry_after_s=60.0), HOLD, NOW)
+    check(decision, State.EXPIRED, "expired", spend=False, delay=None,
+          reason=DeadReason.EXPIRED)
+
+
+@given(attempts=st.integers(0, 100), max_attempts=st.integers(1, 10),
+       retry_after=st.one_of(st.none(), st.floats(0.0, 3600.0)),
+       r=st.floats(0.0, 1.0, exclude_max=True))
+def test_account_trouble_is_never_a_dead_letter(
+    attempts: int, max_attempts: int, retry_after: float | None, r: float,
+) -> None:
+    lane = LaneConfig("interactive", 1.0, max_attempts=max_attempts)
+    d = decide(delivery(attempts=attempts), Outcome.account("403", retry_after), lane, NOW,
+               policy=POLICY, rand=lambda: r)
+    assert d.state is State.PENDING and not d.spend_attempt and d.dead_reason is None
 
 
 def test_budget_exhausted_dead_letters_at_the_lanes_max_attempts() -> None:

@@ -157,15 +157,15 @@ def test_every_attempt_of_a_key_is_the_same_message() -> None:
     assert b"\r\n" in first and b"\n" not in first.replace(b"\r\n", b"")
 
 
-def test_caller_headers_replace_defaults_but_not_the_key() -> None:
-    built = build_email(delivery(headers={"Message-ID": "<own@example.org>",
+def test_caller_headers_add_to_postlanes_but_never_replace_the_id_or_the_key() -> None:
+    built = build_email(delivery(headers={"Date": "Fri, 03 Jan 2025 00:00:00 +0000",
                                           "List-Unsubscribe": "<mailto:u@example.org>"}),
                         "alice@example.org")
-    assert built["Message-ID"] == "<own@example.org>"
-    assert built.get_all("Message-ID") == ["<own@example.org>"]
+    assert built.get_all("Date") == ["Fri, 03 Jan 2025 00:00:00 +0000"]
     assert built["List-Unsubscribe"] == "<mailto:u@example.org>"
-    with pytest.raises(InvalidHeader):
-        build_email(delivery(headers={"X-Postlane-Key": "other"}), "alice@example.org")
+    for name in ("X-Postlane-Key", "Message-ID", "Bcc", "From"):
+        with pytest.raises(InvalidHeader):
+            build_email(delivery(headers={name: "<other@example.org>"}), "alice@example.org")
 
 
 @pytest.mark.parametrize("changes", [

@@ -40,12 +40,20 @@ from postlane.providers.http import HttpApiProvider, JsonHttpProvider
 from postlane.providers.mime import key_digest
 from postlane.providers.postmark import PostmarkProvider
 from postlane.providers.resend import ResendProvider
+from postlane.providers.sandbox import SandboxAnswer
+from postlane.providers.sandbox import outcome_of as sandbox_outcome
 from postlane.providers.sandbox_client import SandboxHttpProvider
 from postlane.providers.ses import SESConfig, SESProvider, outcome_of_botocore_error
-from postlane.providers.smtp import _outcome_of_failure, _Phase, outcome_of_reply
+from postlane.providers.smtp import (
+    SMTPConfig,
+    SMTPProvider,
+    _outcome_of_failure,
+    _Phase,
+    outcome_of_reply,
+)
 
-A, T, X, P, Y = (OutcomeClass.ACCEPTED, OutcomeClass.THROTTLED, OutcomeClass.TRANSIENT,
-                 OutcomeClass.PERMANENT, OutcomeClass.AMBIGUOUS)
+A, T, X, P, Y, ACC = (OutcomeClass.ACCEPTED, OutcomeClass.THROTTLED, OutcomeClass.TRANSIENT,
+                      OutcomeClass.PERMANENT, OutcomeClass.AMBIGUOUS, OutcomeClass.ACCOUNT)
 
 
 def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
@@ -68,6 +76,8 @@ def delivery(key: str = "reset:42", **changes: Any) -> Delivery:
     (421, "mail", X), (450, "rcpt", X), (451, "rcpt", X), (452, "rcpt", X), (451, "data", X),
     (550, "rcpt", P), (551, "rcpt", P), (552, "data", P), (553, "mail", P), (554, "data", P),
     (500, "mail", P), (-1, "mail", X), (-1, "data", Y),
+    # The login, not the message: the account's trouble wherever the server says it.
+    (535, "auth", ACC), (534, "auth", ACC), (530, "mail", ACC), (538, "auth", ACC),
 ])
 def test_smtp_reply_table(code: int, phase: str, kind: OutcomeClass) -> None:
     outcome = outcome_of_reply(code, "text", phase)
@@ -143,10 +153,15 @@ GENERIC = {"url": "https://api.example.test/v1/send"}
     (answer(404, {"error": "no template"}), P, None),
     (answer(413), P, None),
     (answer(422, {"error": "invalid"}), P, None),
-    (answer(401, {"error": "bad token"}), X, None),
-    (answer(403, {"error": "forbidden"}), X, None),
+    (answer(401, {"error": "bad token"}), ACC, None),
+    (answer(403, {"error": "forbidden"}), ACC, None),
+    (answer(401, {"error": "key rotated"}, **{"Retry-After": "30"}), ACC, 30.0),
     (answer(408), X, None),
     (answer(409, {"error": "same key in progress"}), X, None),
+    # A 4xx that names a Retry-After means "later": throttled at that time, never dead.
+    (answer(400, {"error": "busy"}, **{"Retry-After": "12"}), T, 12.0),
+    (answer(409, {"error": "same key in progress"}, **{"Retry-After": "2"}), T, 2.0),
+    (answer(422, {"error": "try later"}, **{"Retry-After": "soon"}), P, None),
     (answer(500), X, None),
     (answer(502), X, None),
     (answer(503, None, **{"Retry-After": "3"}), X, 3.0),
@@ -202,13 +217,16 @@ PM = {"token": None, "base_url": "https://pm.example.test"}
     (answer(200, {"ErrorCode": 0, "Message": "OK", "MessageID": "pm-1"}), A, None),
     (answer(422, {"ErrorCode": 300, "Message": "Invalid email request"}), P, None),
     (answer(422, {"ErrorCode": 406, "Message": "Inactive recipient"}), P, None),
-    (answer(422, {"ErrorCode": 400, "Message": "Sender signature not found"}), P, None),
-    (answer(422, {"ErrorCode": 401, "Message": "Sender signature not confirmed"}), P, None),
+    (answer(422, {"ErrorCode": 400, "Message": "Sender signature not found"}), ACC, None),
+    (answer(422, {"ErrorCode": 401, "Message": "Sender signature not confirmed"}), ACC, None),
+    (answer(422, {"ErrorCode": 300, "Message": "Later"}, **{"Retry-After": "9"}), T, 9.0),
     (answer(422, {"ErrorCode": 412, "Message": "Account pending"}), P, None),
     (answer(422, {"ErrorCode": 405, "Message": "Not allowed to send"}), T, 60.0),
     (answer(422, {"ErrorCode": 100, "Message": "Maintenance"}), X, None),
     (answer(422, {"ErrorCode": 99999, "Message": "something new"}), P, None),
-    (answer(401, {"ErrorCode": 10, "Message": "Bad or missing API token"}), X, None),
+    (answer(401, {"ErrorCode": 10, "Message": "Bad or missing API token"}), ACC, None),
+    (answer(422, {"ErrorCode": 10, "Message": "Bad or missing API token"}), ACC, None),
+    (answer(403, {"Message": "Forbidden"}), ACC, None),
     (answer(429, {"ErrorCode": 429, "Message": "Rate limit"}, **{"Retry-After": "2"}), T, 2.0),
     (answer(500, {"ErrorCode": 0, "Message": "Internal error"}), X, None),
     (answer(503), X, None),
@@ -255,10 +273,17 @@ def resend_error(status: int, name: str, **headers: str) -> Handler:
     (answer(200, {"id": "rs-1"}), A, None),
     (resend_error(400, "invalid_idempotency_key"), P, None),
     (resend_error(400, "validation_error"), P, None),
-    (resend_error(401, "missing_api_key"), X, None),
-    (resend_error(401, "validation_error"), X, None),
-    (resend_error(403, "invalid_api_key"), X, None),
+    (resend_error(401, "missing_api_key"), ACC, None),
+    (resend_error(401, "validation_error"), ACC, None),
+    (resend_error(403, "invalid_api_key"), ACC, None),
+    (resend_error(403, "restricted_api_key"), ACC, None),
     (resend_error(403, "validation_error"), P, None),
+    (answer(403, {"statusCode": 403, "name": "validation_error", "message":
+                  "The example.org domain is not verified. Please, add and verify your "
+                  "domain on https://resend.com/domains"}), ACC, None),
+    (answer(403, {"statusCode": 403, "name": "validation_error", "message":
+                  "You can only send testing emails to your own email address"}), ACC, None),
+    (resend_error(422, "validation_error", **{"Retry-After": "4"}), T, 4.0),
     (resend_error(404, "not_found"), P, None),
     (resend_error(409, "concurrent_idempotent_requests"), X, None),
     (resend_error(409, "invalid_idempotent_request"), P, None),
@@ -309,6 +334,8 @@ SB = {"base_url": "http://sandbox.test:8025"}
     (answer(503, {"error": "service unavailable"}), X, None),
     (answer(400, {"error": "recipient rejected"}), P, None),
     (answer(404, {"error": "unknown template"}), P, None),
+    (answer(400, {"error": "busy"}, **{"Retry-After": "5"}), T, 5.0),
+    (answer(401, {"error": "bad key"}), ACC, None),
     (fail(httpx.ReadTimeout("accepted, then no answer")), Y, None),
     (fail(httpx.ConnectError("refused")), X, None),
 ])
@@ -392,10 +419,12 @@ def ses(ses_client: Any) -> Iterator[tuple[Callable[..., SESProvider], Stubber]]
     ("SendingPausedException", 400, T, 60.0),
     ("AccountSendingPausedException", 400, T, 60.0),
     ("ConfigurationSetSendingPausedException", 400, T, 60.0),
-    ("AccountSuspendedException", 400, X, None),
-    ("UnrecognizedClientException", 403, X, None),
+    ("AccountSuspendedException", 400, ACC, None),
+    ("UnrecognizedClientException", 403, ACC, None),
+    ("AccessDeniedException", 403, ACC, None),
+    ("SignatureDoesNotMatch", 403, ACC, None),
     ("MessageRejected", 400, P, None),
-    ("MailFromDomainNotVerifiedException", 400, P, None),
+    ("MailFromDomainNotVerifiedException", 400, ACC, None),
     ("BadRequestException", 400, P, None),
     ("NotFoundException", 404, P, None),
     ("InternalServiceErrorException", 500, X, None),
@@ -421,12 +450,49 @@ async def test_ses_error_table(ses: Any, code: str, status: int, kind: OutcomeCl
     assert code in (outcome.response or "")
 
 
+@pytest.mark.parametrize(("message", "kind"), [
+    ("Email address is not verified. The following identities failed the check in region "
+     "EU-WEST-1: alice@example.org", ACC),
+    ("User `arn:aws:iam::123:user/x' is not authorized to send from `example.org'", ACC),
+    ("Sender alice@example.org did not have authority to send from example.org", ACC),
+    ("Illegal address", P),
+])
+async def test_ses_message_rejected_reads_the_message(ses: Any, message: str,
+                                                      kind: OutcomeClass) -> None:
+    """An unverified sender identity is the account's set-up; other rejections are the
+    message's."""
+    make, stubber = ses
+    provider = make()
+    stubber.add_client_error("send_email", service_error_code="MessageRejected",
+                             service_message=message, http_status_code=400)
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery())
+    finally:
+        await provider.close()
+    assert outcome.kind is kind
+
+
+async def test_ses_refusal_with_retry_after_is_throttled(ses: Any) -> None:
+    make, stubber = ses
+    provider = make()
+    stubber.add_client_error("send_email", service_error_code="BadRequestException",
+                             service_message="later", http_status_code=400,
+                             response_meta={"HTTPHeaders": {"retry-after": "8"}})
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery())
+    finally:
+        await provider.close()
+    assert (outcome.kind, outcome.retry_after_s) == (T, 8.0)
+
+
 @pytest.mark.parametrize(("error", "kind"), [
     (ReadTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), Y),
     (ConnectionClosedError(endpoint_url="https://email.eu-west-1.amazonaws.com"), Y),
     (ConnectTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
     (EndpointConnectionError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
-    (NoCredentialsError(), X),
+    (NoCredentialsError(), ACC),
     (ParamValidationError(report="bad"), P),
 ])
 def test_ses_transport_table(error: Exception, kind: OutcomeClass) -> None:
@@ -465,3 +531,53 @@ async def test_ses_refuses_header_injection_without_calling(ses: Any) -> None:
         await provider.close()
     assert outcome.kind is P
     stubber.assert_no_pending_responses()
+
+
+# == no sender anywhere: the deployment's set-up, not the message =======================
+@pytest.mark.parametrize("provider_cls, kwargs", [
+    (JsonHttpProvider, GENERIC), (PostmarkProvider, PM), (ResendProvider, RS),
+])  # the sandbox asks for no sender
+async def test_http_adapters_answer_account_without_a_sender(
+    provider_cls: type[HttpApiProvider], kwargs: dict[str, Any],
+) -> None:
+    outcome, seen = await run_http(provider_cls, answer(200, {"id": "x"}),
+                                   delivery(sender=None), **kwargs)
+    assert outcome.kind is ACC and "no sender" in (outcome.response or "")
+    assert seen == []
+
+
+async def test_a_default_sender_is_used_when_the_message_has_none() -> None:
+    outcome, seen = await run_http(JsonHttpProvider, answer(200, {"id": "x"}),
+                                   delivery(sender=None), default_sender="ops@example.org",
+                                   **GENERIC)
+    assert outcome.kind is A and json.loads(seen[0].content)["from"] == "ops@example.org"
+
+
+async def test_ses_and_smtp_answer_account_without_a_sender(ses: Any) -> None:
+    make, stubber = ses
+    provider = make()
+    await provider.open()
+    try:
+        outcome = await provider.send(delivery(sender=None))
+    finally:
+        await provider.close()
+    assert outcome.kind is ACC
+    stubber.assert_no_pending_responses()
+    smtp = SMTPProvider(SMTPConfig(host="127.0.0.1", port=9))  # never connected
+    assert (await smtp.send(delivery(sender=None))).kind is ACC
+    assert smtp.connections_opened == 0
+
+
+# == the in-process sandbox ===============================================================
+@pytest.mark.parametrize(("answer_", "kind", "retry_after"), [
+    (SandboxAnswer(200, {"id": "sbx-1"}), A, None),
+    (SandboxAnswer(429, {"error": "slow"}, retry_after_s=0.5), T, 0.5),
+    (SandboxAnswer(400, {"error": "busy"}, retry_after_s=3.0), T, 3.0),
+    (SandboxAnswer(400, {"error": "recipient rejected"}), P, None),
+    (SandboxAnswer(401, {"error": "bad key"}), ACC, None),
+    (SandboxAnswer(503, {"error": "down"}), X, None),
+])
+def test_sandbox_table(answer_: SandboxAnswer, kind: OutcomeClass,
+                       retry_after: float | None) -> None:
+    outcome = sandbox_outcome(answer_)
+    assert (outcome.kind, outcome.retry_after_s) == (kind, retry_after)

@@ -11,17 +11,23 @@ from postlane import (
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
+    InvalidMetadata,
+    InvalidText,
     Limits,
     Message,
     PostlaneError,
     UnknownLane,
 )
 from postlane.core.validation import (
+    LINE_BREAKS,
     MAX_KEY_LENGTH,
+    MAX_METADATA_DEPTH,
     check_address,
     check_header,
     check_key,
+    json_problem,
     redact_address,
+    text_problem,
     validate,
 )
 
@@ -48,7 +54,6 @@ def message(**overrides: Any) -> Message:
         '"with\\"escape"@example.com',
         "user@[192.0.2.1]",
         "user@[IPv6:2001:db8::1]",
-        "user@example.com.",  # a fully qualified name with its root dot
         "a" * 64 + "@example.com",
         "user@" + ".".join(["a" * 63] * 3) + ".com",
     ],
@@ -86,6 +91,7 @@ def test_valid_addresses(address: str) -> None:
         ("alice@example.123", "numeric top-level label"),
         ("alice@192.168.0.1", "numeric top-level label"),
         ("Alice <alice@example.com>", "whitespace"),
+        ("alice@example.com.", "ends with a dot"),  # the email package reads no address
     ],
 )
 def test_invalid_addresses(address: str, why: str) -> None:
@@ -111,9 +117,20 @@ def test_sender_is_checked_too() -> None:
 
 
 # -- headers -----------------------------------------------------------------------------
-@pytest.mark.parametrize("value", ["a\r\nBcc: x@example.com", "a\nb", "a\rb", "a\0b"])
-def test_header_value_with_cr_lf_nul_is_refused(value: str) -> None:
-    with pytest.raises(InvalidHeader, match="CR, LF or NUL"):
+# Every character str.splitlines breaks at (what Python's email package folds at), and NUL.
+BREAKS = ["\r", "\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def test_line_breaks_are_exactly_what_splitlines_breaks_at() -> None:
+    assert set(LINE_BREAKS) == set(BREAKS)
+    assert {chr(c) for c in range(0x110000)
+            if len(f"a{chr(c)}b".splitlines()) > 1} == set(LINE_BREAKS)
+
+
+@pytest.mark.parametrize("value", ["a\r\nBcc: x@example.com", "a\0b"]
+                         + [f"a{c}Bcc: x@example.com" for c in BREAKS])
+def test_header_value_with_a_line_break_or_nul_is_refused(value: str) -> None:
+    with pytest.raises(InvalidHeader, match="line break"):
         check_header("X-Tag", value)
     with pytest.raises(InvalidHeader):
         validate(message(headers={"X-Tag": value}))
@@ -131,11 +148,106 @@ def test_good_headers_pass() -> None:
     validate(message(headers={"Reply-To": "support@example.com", "X-Campaign": "spring"}))
 
 
-@pytest.mark.parametrize("subject", ["Hi\r\nBcc: x@example.com", "Hi\nthere", "Hi\r"])
-def test_subject_with_cr_lf_is_refused(subject: str) -> None:
-    with pytest.raises(InvalidHeader) as info:
+@pytest.mark.parametrize("subject", ["Hi\r\nBcc: x@example.com", "Hi\nthere", "Hi\r"]
+                         + [f"Hi{c}Bcc: x@example.com" for c in BREAKS])
+def test_subject_with_a_line_break_is_refused(subject: str) -> None:
+    with pytest.raises(InvalidHeader, match="line break") as info:
         validate(message(subject=subject))
     assert info.value.field == "subject"
+
+
+@pytest.mark.parametrize("name", ["Message-ID", "message-id", "Content-Type", "MIME-Version",
+                                  "Content-Transfer-Encoding", "X-Postlane-Key",
+                                  "x-postlane-anything"])
+def test_headers_the_pipeline_sets_are_refused(name: str) -> None:
+    with pytest.raises(InvalidHeader, match="set by Postlane") as info:
+        validate(message(headers={name: "x"}))
+    assert info.value.field == "headers"
+
+
+@pytest.mark.parametrize(("name", "owner"), [
+    ("To", "to"), ("CC", "to"), ("bcc", "to"), ("From", "sender"), ("Sender", "sender"),
+    ("Subject", "subject"),
+])
+def test_headers_a_field_owns_are_refused(name: str, owner: str) -> None:
+    with pytest.raises(InvalidHeader, match=f"the message's '{owner}' field"):
+        validate(message(headers={name: "victim@example.com"}))
+
+
+@pytest.mark.parametrize("brk", BREAKS)
+@pytest.mark.parametrize("field", ["to", "sender"])
+def test_addresses_with_any_line_break_are_refused(field: str, brk: str) -> None:
+    with pytest.raises(InvalidAddress) as info:
+        validate(message(**{field: f"alice{brk}@example.com"}))
+    assert info.value.field == field
+
+
+def test_display_names_and_odd_unicode_in_headers_pass() -> None:
+    validate(message(headers={"Reply-To": '"Zoë Ünïcode, Ph.D." <zoe@example.com>',
+                              "X-Emoji": "📨 \u00a0 tab\tinside"},
+                     subject="Grüße 📨 — \u200b\tand a tab"))
+
+
+# -- what the database can store ---------------------------------------------------------
+@pytest.mark.parametrize(("field", "bad", "why"), [
+    ("text", "a\0b", "NUL"), ("html", "<p>\0</p>", "NUL"), ("subject", "a\0b", "NUL"),
+    ("text", "a\ud800b", "lone surrogate"), ("html", "\udfff", "lone surrogate"),
+    ("subject", "\udc80", "lone surrogate"), ("import_id", "imp\0", "NUL"),
+    ("template_id", "t\ud83d", "lone surrogate"), ("key", "k\udc00", "lone surrogate"),
+])
+def test_unstorable_text_is_refused(field: str, bad: str, why: str) -> None:
+    with pytest.raises(InvalidText, match=why) as info:
+        validate(message(**{field: bad}))
+    assert info.value.field == field
+    assert isinstance(info.value, InvalidMessage)
+
+
+def test_a_nul_in_a_header_value_is_refused() -> None:
+    with pytest.raises(InvalidHeader, match="NUL"):
+        validate(message(headers={"X-A": "a\0"}))
+    with pytest.raises(InvalidText, match="lone surrogate"):
+        validate(message(headers={"X-A": "a\ud800"}))
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """Metadata ``depth`` levels deep (the object itself is level 1)."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"n": value}
+    return value
+
+
+def test_metadata_up_to_the_depth_limit_passes_and_deeper_is_refused() -> None:
+    validate(message(metadata=nested(MAX_METADATA_DEPTH)))
+    validate(message(metadata={"a": [[[{"b": [1, 2.5, None, True, "x"]}]]]}))
+    with pytest.raises(InvalidMetadata, match=f"deeper than {MAX_METADATA_DEPTH} levels"):
+        validate(message(metadata=nested(MAX_METADATA_DEPTH + 1)))
+    # Far past where recursion (hashing, encoding) would fail: refused, not RecursionError.
+    with pytest.raises(InvalidMetadata, match="deeper than"):
+        validate(message(metadata=nested(100_000)))
+
+
+@pytest.mark.parametrize(("metadata", "why"), [
+    ({"a": "x\0"}, "a contains a NUL"),
+    ({"a": ["ok", "\ud800"]}, r"a\[1\] is not valid Unicode"),
+    ({"a\0": 1}, "a key contains a NUL"),
+    ({1: "x"}, "key 1 is not a string"),
+    ({"a": float("nan")}, "NaN and infinity"),
+    ({"a": {"b": float("-inf")}}, "a.b: NaN and infinity"),
+    ({"a": datetime(2030, 1, 1)}, "a datetime is not JSON"),
+    ({"a": {1, 2}}, "a set is not JSON"),
+])
+def test_metadata_that_is_not_storable_json_is_refused(metadata: Any, why: str) -> None:
+    with pytest.raises(InvalidMetadata, match=why) as info:
+        validate(message(metadata=metadata))
+    assert info.value.field == "metadata"
+
+
+def test_text_problem_names_the_problem() -> None:
+    assert text_problem("fine ✓ 📨") is None
+    assert text_problem("a\0") == "contains a NUL character"
+    assert text_problem("\ud800") == "is not valid Unicode (a lone surrogate)"
+    assert json_problem({"ok": [1, "two", {"three": None}]}) is None
 
 
 # -- keys --------------------------------------------------------------------------------
@@ -155,6 +267,9 @@ def test_good_keys(key: str) -> None:
         ("reset:\x001", "control characters"),
         ("reset:\x7f", "control characters"),
         ("\ttab", "control characters"),
+        ("reset:\x850", "control characters"),  # NEL: the key travels in a header
+        ("reset:\u20281", "control characters"),
+        ("reset:\x9f", "control characters"),
     ],
 )
 def test_bad_keys(key: str, why: str) -> None:

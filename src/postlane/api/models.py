@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
+from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
 from postlane.store.base import DeadLetter, Event
 
@@ -18,29 +19,19 @@ MAX_SECONDS = 10 * 365 * 86400.0
 
 
 def check_text(value: str) -> str:
-    """Refuse what no database column can hold: NUL characters and lone surrogates."""
-    if "\x00" in value:
-        raise ValueError("contains a NUL character")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (a lone surrogate)") from None
+    """Refuse what no database column can hold (``postlane.core.validation.text_problem``)."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 def check_json(value: Any) -> Any:
-    """``check_text`` on every string of a JSON value, and no NaN or infinity."""
-    if isinstance(value, str):
-        check_text(value)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            check_text(str(key))
-            check_json(item)
-    elif isinstance(value, list):
-        for item in value:
-            check_json(item)
-    elif isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        raise ValueError("NaN and infinity are not JSON")
+    """Refuse a JSON value the store cannot keep alike on both engines, or nested deeper
+    than ``MAX_METADATA_DEPTH``: run before pydantic or the request hash walk into it."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
@@ -58,7 +49,7 @@ def iso_time(value: Any) -> Any:
 
 Text = Annotated[str, AfterValidator(check_text)]
 IsoTime = Annotated[AwareDatetime, BeforeValidator(iso_time)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(check_json)]
+JsonObject = Annotated[dict[str, Any], BeforeValidator(check_json)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
@@ -79,11 +70,16 @@ class MessageIn(Strict):
     lane: Text = Field(default="interactive", min_length=1, max_length=100,
                        description="A configured lane: interactive or bulk by default.")
     sender: Text | None = Field(default=None, max_length=320, description="The From address.")
-    headers: dict[Text, Text] = Field(default_factory=dict,
-                                      description="Extra headers (no CR or LF).")
+    headers: dict[Text, Text] = Field(
+        default_factory=dict,
+        description="Extra headers, one line each (no line break of any kind). Not those "
+                    "Postlane sets (Message-ID, Content-Type, MIME-Version, "
+                    "Content-Transfer-Encoding, X-Postlane-*) or a field owns (To, Cc, Bcc, "
+                    "From, Sender, Subject).")
     metadata: JsonObject = Field(default_factory=dict,
                                  description="Yours: kept with the delivery, passed to "
-                                             "providers that take metadata.")
+                                             "providers that take metadata. At most 32 "
+                                             "levels deep (the object itself is one).")
     channel: Literal["email", "sms"] = "email"
     import_id: Text | None = Field(default=None, min_length=1, max_length=200)
     expires_at: IsoTime | None = Field(

@@ -287,7 +287,7 @@ async def status(store: StoreDep, _key: Reader) -> dict[str, Any]:
 @router.post(
     "/webhooks/{provider}", response_model=WebhookOut, tags=["webhooks"],
     summary="A provider's delivery event (signed by the provider, no API key)",
-    responses=problem_responses(401, 413, 503),
+    responses=problem_responses(400, 401, 413, 503),
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"type": "object"}}}}},
 )
@@ -296,7 +296,9 @@ async def webhook(
                                   description="sandbox, resend or ses.")],
     request: Request, response: Response, store: StoreDep,
 ) -> WebhookOut:
-    """Verified by the provider's signature (401 when it does not verify), recorded once."""
+    """Verified by the provider's signature (401 when it does not verify), recorded once;
+    a payload that cannot be read or stored (not a JSON object, nested deeper than 32
+    levels, a NUL or a lone surrogate in a string) is answered 400."""
     try:
         from postlane import webhooks
     except ImportError:  # pragma: no cover - the module ships with the package
@@ -305,6 +307,8 @@ async def webhook(
     body = await request.body()
     try:
         result = await webhooks.receive(store, provider, dict(request.headers), body)
+    except webhooks.WebhookMalformed as exc:
+        raise ProblemError(400, "webhook-malformed", "Malformed webhook", str(exc)) from None
     except webhooks.WebhookRejected as exc:
         raise ProblemError(401, "webhook-rejected", "Webhook rejected", str(exc),
                            headers={"WWW-Authenticate": "Signature"}) from None

@@ -98,7 +98,9 @@ async def get_template(
              responses=problem_responses(401, 403))
 async def post_template(name: TemplateName, body: TemplateIn, store: StoreDep,
                         _key: Operator) -> TemplateOut:
-    """Messages keep the version they were rendered with. Scope: `operate`."""
+    """Messages keep the version they were rendered with. A subject with a line break (any
+    `str.splitlines` boundary) is refused (422): no message rendered from it could be
+    sent. Scope: `operate`."""
     return TemplateOut.of(await add_template(store, name, subject=body.subject,
                                              text=body.text, html=body.html))
 
@@ -276,7 +278,8 @@ async def post_import(
     """One delivery per valid row into the bulk lane, keyed
     `<template>:<user_id>:<import_id>`: uploading the same file again (or the rest of it
     after a failure) creates nothing twice. The upload is spooled to a temporary file and
-    streamed from there. Scope: `operate`."""
+    streamed from there. A file with a NUL byte anywhere (UTF-16, or not text) is refused
+    (422) before a row is written. Scope: `operate`."""
     with tempfile.NamedTemporaryFile(suffix=".csv", prefix="postlane-import-") as spool:
         await asyncio.to_thread(shutil.copyfileobj, file.file, spool, 1024 * 1024)
         spool.flush()

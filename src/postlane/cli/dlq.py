@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import getpass
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from postlane.cli.durations import duration_option
 from postlane.cli.main import console, delivery_json, run_with_store
-from postlane.core.durations import parse_duration
 from postlane.core.validation import redact_address
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
 from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
@@ -24,15 +24,14 @@ Reason = Annotated[str | None, typer.Option(help="Only this reason (permanent, "
 Lane = Annotated[str | None, typer.Option(help="Only this lane.")]
 Template = Annotated[str | None, typer.Option("--template", help="Only this template id.")]
 Import = Annotated[str | None, typer.Option("--import", help="Only this import id.")]
-Since = Annotated[str | None, typer.Option(help="Only dead-lettered within this long, e.g. 2h.")]
+Since = Annotated[timedelta | None,
+                  duration_option(help="Only dead-lettered within this long, e.g. 2h.")]
 
 
 def _selection(reason: str | None, lane: str | None, template: str | None,
-               import_id: str | None, since: str | None, **extra: Any) -> DeadLetterFilter:
-    try:
-        since_at = datetime.now(UTC) - parse_duration(since) if since else None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--since") from None
+               import_id: str | None, since: timedelta | None,
+               **extra: Any) -> DeadLetterFilter:
+    since_at = datetime.now(UTC) - since if since is not None else None
     return DeadLetterFilter(reason=reason, lane=lane, template_id=template,
                             import_id=import_id, since=since_at, **extra)
 
@@ -111,14 +110,13 @@ def replay(
     ] = None,
     reason: Reason = None, lane: Lane = None, template: Template = None,
     import_id: Import = None, since: Since = None,
-    valid_for: Annotated[str | None, typer.Option(
+    valid_for: Annotated[timedelta | None, duration_option(
         help="Refuse entries created longer ago than this (e.g. 15m for resets).")] = None,
     dry_run: Annotated[bool, typer.Option(help="Show what would be replayed.")] = False,
     by: Annotated[str, typer.Option(help="Who replays (kept on the entry).")] = "",
 ) -> None:
     """Staged replay: one entry first; the rest of a selection once that one was sent."""
     who = by or getpass.getuser()
-    window = parse_duration(valid_for) if valid_for else None
     if delivery_id is not None:
         async def _one(store: Store) -> DeadLetter:
             if dry_run:
@@ -126,7 +124,7 @@ def replay(
                 if entry is None:
                     raise typer.BadParameter(f"no dead letter for delivery {delivery_id}")
                 return entry
-            return await replay_one(store, delivery_id, by=who, valid_for=window)
+            return await replay_one(store, delivery_id, by=who, valid_for=valid_for)
 
         entry = run_with_store(ctx, _one)
         verb = "would replay" if dry_run else "replayed"
@@ -138,7 +136,7 @@ def replay(
 
     async def _rest(store: Store) -> ReplayPlan:
         return await replay_selection(store, selection, by=who, dry_run=dry_run,
-                                      valid_for=window)
+                                      valid_for=valid_for)
 
     plan = run_with_store(ctx, _rest)
     verb = "would replay" if plan.dry_run else "replayed"

@@ -7,18 +7,19 @@ import json
 import os
 import tomllib
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from postlane.core.durations import parse_duration
+from postlane.cli.durations import duration_option
 from postlane.core.message import Delivery, Message
 from postlane.errors import PostlaneError
-from postlane.status import fleet_status
+from postlane.status import breaker_reason, fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url, open_store
 from postlane.store.migrations import ensure_migrated
 
@@ -133,17 +134,13 @@ def enqueue(
     text: Annotated[str | None, typer.Option(help="Plain-text body.")] = None,
     html: Annotated[str | None, typer.Option(help="HTML body.")] = None,
     sender: Annotated[str | None, typer.Option("--from", help="Sender address.")] = None,
-    expires_in: Annotated[str | None, typer.Option(
+    expires_in: Annotated[timedelta | None, duration_option(
         help="Validity window, e.g. 15m; no retry is scheduled past it.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the delivery as JSON.")] = False,
 ) -> None:
     """Queue one message (durable when this returns)."""
-    try:
-        window = parse_duration(expires_in) if expires_in else None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--expires-in") from None
     message = Message(key=key, to=to, subject=subject, text=text, html=html, lane=lane,
-                      sender=sender, expires_in=window)
+                      sender=sender, expires_in=expires_in)
 
     async def _enqueue(store: Store) -> tuple[bool, Delivery]:
         result = await store.enqueue(message)
@@ -190,7 +187,8 @@ def status(
         console.print(f"[yellow]paused:[/yellow] lanes {stats['paused_lanes']} "
                       f"imports {stats['paused_imports']}")
     for account, record in stats["breakers"].items():
-        console.print(f"[red]breaker {account}: {record['state']}[/red] ({record['reason']})")
+        console.print(f"[red]breaker {account}: {record['state']}[/red] "
+                      f"({escape(breaker_reason(record))})")
 
 
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
@@ -213,21 +211,17 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
 @app.command()
 def prune(
     ctx: typer.Context,
-    finished_older_than: Annotated[str, typer.Option(
-        help="Delete sent, expired and cancelled deliveries finished longer ago.")] = "7d",
-    dead_older_than: Annotated[str, typer.Option(
+    finished_older_than: Annotated[timedelta, duration_option(
+        help="Delete sent, expired and cancelled deliveries finished longer ago.")
+    ] = "7d",  # type: ignore[assignment]
+    dead_older_than: Annotated[timedelta, duration_option(
         help="Delete dead letters older than this (long enough to survive a weekend).")
-    ] = "7d",
+    ] = "7d",  # type: ignore[assignment]
 ) -> None:
     """Retention: delete finished deliveries and their timeline, keeping the hot table small."""
-    try:
-        finished = parse_duration(finished_older_than)
-        dead = parse_duration(dead_older_than)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
 
     async def _prune(store: Store) -> int:
-        return await store.prune(finished, dead)
+        return await store.prune(finished_older_than, dead_older_than)
 
     console.print(f"pruned {run_with_store(ctx, _prune)} deliveries")
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
+from postlane.cli.durations import duration_option
 from postlane.cli.main import console, err_console
 
 
@@ -22,17 +24,20 @@ def sandbox(
     timeout_rate: Annotated[float, typer.Option(
         help="Share of requests accepted and then answered only after --timeout-delay.")
     ] = 0.0,
-    timeout_delay: Annotated[float, typer.Option(
-        help="Seconds an accept-then-timeout answer is held back.")] = 5.0,
+    timeout_delay: Annotated[timedelta, duration_option(
+        help="How long an accept-then-timeout answer is held back.")
+    ] = "5s",  # type: ignore[assignment]
     reject: Annotated[str | None, typer.Option(
         help="Regular expression: matching recipients are rejected with 400.")] = None,
     unknown_template: Annotated[list[str] | None, typer.Option(
         help="Template id answered with 404 (repeatable).")] = None,
-    latency: Annotated[float, typer.Option(help="Seconds added to every answer.")] = 0.0,
-    dedup_window: Annotated[float, typer.Option(
-        help="Seconds an idempotency key is remembered.")] = 86400.0,
-    retry_after: Annotated[float, typer.Option(
-        help="Retry-After of a random 429, in seconds.")] = 1.0,
+    latency: Annotated[timedelta, duration_option(
+        help="Added to every answer.")] = "0s",  # type: ignore[assignment]
+    dedup_window: Annotated[timedelta, duration_option(
+        positive=True, help="How long an idempotency key is remembered.")
+    ] = "1d",  # type: ignore[assignment]
+    retry_after: Annotated[timedelta, duration_option(
+        help="Retry-After of a random 429.")] = "1s",  # type: ignore[assignment]
     seed: Annotated[int | None, typer.Option(help="Random seed, for repeatable runs.")] = None,
     webhook_url: Annotated[str | None, typer.Option(
         help="Post delivery events here, e.g. http://127.0.0.1:8080/v1/webhooks/sandbox.")
@@ -69,9 +74,11 @@ def sandbox(
         events = SandboxEvents(secret=webhook_secret, bounce=bounce, complain=complain)
     config = SandboxConfig(
         rate=rate, error_rate=error_rate, throttle_rate=throttle_rate,
-        timeout_rate=timeout_rate, timeout_delay_s=timeout_delay, reject=reject,
-        unknown_templates=frozenset(unknown_template or ()), dedup_window_s=dedup_window,
-        retry_after_s=retry_after, latency_s=latency, seed=seed,
+        timeout_rate=timeout_rate, timeout_delay_s=timeout_delay.total_seconds(),
+        reject=reject, unknown_templates=frozenset(unknown_template or ()),
+        dedup_window_s=dedup_window.total_seconds(),
+        retry_after_s=retry_after.total_seconds(), latency_s=latency.total_seconds(),
+        seed=seed,
     )
     try:
         sock = bind(host, port)

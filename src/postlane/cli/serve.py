@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 
+from postlane.cli.durations import duration_option
 from postlane.core.lanes import parse_lane_shares
 from postlane.errors import ConfigurationError
 
@@ -23,8 +25,9 @@ def serve(
     max_body: Annotated[int, typer.Option(
         envvar="POSTLANE_MAX_BODY", show_envvar=True,
         help="Largest request body in bytes; larger ones get 413.")] = 1024 * 1024,
-    sample_interval: Annotated[float, typer.Option(
-        help="Seconds between the dashboard's in-memory samples (0: off).")] = 5.0,
+    sample_interval: Annotated[timedelta, duration_option(
+        help="Between the dashboard's in-memory samples (0: off).")
+    ] = "5s",  # type: ignore[assignment]
     secure_cookies: Annotated[bool, typer.Option(
         help="Mark the dashboard's session cookie Secure (when served over HTTPS).")] = False,
     log_level: Annotated[str, typer.Option(envvar="POSTLANE_LOG_LEVEL",
@@ -44,6 +47,7 @@ def serve(
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lanes") from None
     app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
-                     sample_interval_s=sample_interval, cookie_secure=secure_cookies)
+                     sample_interval_s=sample_interval.total_seconds(),
+                     cookie_secure=secure_cookies)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), proxy_headers=False,
                 server_header=False)

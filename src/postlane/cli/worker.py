@@ -10,8 +10,9 @@ from datetime import timedelta
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from postlane.core.durations import parse_duration
+from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
 from postlane.errors import ConfigurationError
 from postlane.limiter import open_limiter
@@ -20,6 +21,10 @@ from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
 from postlane.worker import Worker, WorkerConfig
 from postlane.worker.controls import pause_lane, resume_lane
+from postlane.worker.drain import DEFAULT_DRAIN_TIMEOUT_S, DrainResult, drain_within
+
+EXIT_DRAIN_GAVE_UP = 3
+"""``worker --drain`` gave up after ``--drain-timeout``: not a crash, work is left waiting."""
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h))?\s*$")
 _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -64,27 +69,34 @@ def worker(
         help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
     batch_size: Annotated[int, typer.Option(envvar="POSTLANE_BATCH_SIZE", show_envvar=True,
                                             help="Most deliveries per claim.")] = 100,
-    lease: Annotated[str, typer.Option(envvar="POSTLANE_LEASE", show_envvar=True,
-                                       help="Lease per claim, renewed while sending.")] = "30s",
-    attempt_timeout: Annotated[str | None, typer.Option(
+    lease: Annotated[timedelta, duration_option(
+        positive=True, envvar="POSTLANE_LEASE", show_envvar=True,
+        help="Lease per claim, renewed while sending.")] = "30s",  # type: ignore[assignment]
+    attempt_timeout: Annotated[str | None, lane_durations_option(
         envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
         help="Longest wait for the provider's answer, per lane (interactive=3s,bulk=10s) or "
              "one duration for every lane; past it the attempt is ambiguous "
              "[default: interactive 3s, bulk 10s].")] = None,
-    retry_base: Annotated[str | None, typer.Option(
+    retry_base: Annotated[str | None, lane_durations_option(
         envvar="POSTLANE_RETRY_BASE", show_envvar=True,
         help="Backoff base per lane, e.g. interactive=250ms,bulk=1s: the first retry comes "
              "within twice the base, each further one waits up to twice as long "
              "[default: interactive 250ms, bulk 1s].")] = None,
-    retry_cap: Annotated[str | None, typer.Option(
+    retry_cap: Annotated[str | None, lane_durations_option(
         envvar="POSTLANE_RETRY_CAP", show_envvar=True,
         help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
              "[default: interactive 30s, bulk 5m].")] = None,
-    grace: Annotated[str, typer.Option(
-        envvar="POSTLANE_GRACE", show_envvar=True,
-        help="On SIGTERM, how long in-flight sends may finish.")] = "10s",
+    grace: Annotated[timedelta, duration_option(
+        positive=True, envvar="POSTLANE_GRACE", show_envvar=True,
+        help="On SIGTERM, how long in-flight sends may finish.")
+    ] = "10s",  # type: ignore[assignment]
     drain: Annotated[bool, typer.Option(
         help="Exit once nothing is pending or in flight.")] = False,
+    drain_timeout: Annotated[timedelta, duration_option(
+        positive=True, envvar="POSTLANE_DRAIN_TIMEOUT", show_envvar=True,
+        help="With --drain: give up after this long (a provider that stays down, an open "
+             "breaker) and exit with status 3, saying what still waits.")
+    ] = f"{DEFAULT_DRAIN_TIMEOUT_S / 60:g}m",  # type: ignore[assignment]
     metrics_port: Annotated[int | None, typer.Option(
         envvar="POSTLANE_METRICS_PORT", show_envvar=True,
         help="Serve this worker's Prometheus metrics (sends, dead letters, latencies) "
@@ -102,8 +114,7 @@ def worker(
             concurrency=concurrency, batch_size=batch_size,
             lanes=with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
                                     retry_base=retry_base, retry_cap=retry_cap),
-            lease=_duration(lease, "--lease"),
-            grace_s=_duration(grace, "--grace").total_seconds(), drain=drain,
+            lease=lease, grace_s=grace.total_seconds(), drain=drain,
         )
         ceiling = parse_rate(rate) if rate else None
         provider_obj = open_provider(provider)
@@ -118,7 +129,7 @@ def worker(
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
 
-    async def _run() -> None:
+    async def _run() -> DrainResult | None:
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
             instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
@@ -131,16 +142,22 @@ def worker(
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, instance.stop)
             try:
+                if drain:
+                    return await drain_within(instance, drain_timeout.total_seconds())
                 await instance.run()
+                return None
             finally:
                 if exporter is not None:
                     exporter.shutdown()
                 if limiter_obj is not None:
                     await limiter_obj.close()
 
-    from postlane.cli.main import run_async
+    from postlane.cli.main import err_console, run_async
 
-    run_async(_run())
+    result = run_async(_run())
+    if result is not None and not result.drained:
+        err_console.print(f"[red]error:[/red] {escape(result.reason)}")
+        raise typer.Exit(EXIT_DRAIN_GAVE_UP)
 
 
 def pause(
@@ -186,16 +203,6 @@ def _check_lane(lane: str, lanes: str | None) -> None:
         raise typer.BadParameter(str(exc)) from None
     if lane not in names:
         raise typer.BadParameter(f"unknown lane {lane!r} (configured: {', '.join(names)})")
-
-
-def _duration(text: str, option: str) -> timedelta:
-    try:
-        value = parse_duration(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint=option) from None
-    if value.total_seconds() <= 0:
-        raise typer.BadParameter("must be positive", param_hint=option)
-    return value
 
 
 __all__ = ["open_store", "parse_rate", "pause", "resume", "worker"]

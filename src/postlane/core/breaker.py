@@ -3,15 +3,27 @@
 This module is the pure part: a window of recent outcomes that says when to open, and
 the shared breaker record (stored as a fleet control) that says what state it is in.
 The worker does the I/O (``postlane.worker.breaker``).
+
+Account-level trouble (bad credentials, an unverified sender, no sender) opens the breaker
+on the first such answer, without waiting for a window of failures: one answer already says
+that every send on the account will fail the same way. The provider's words are kept as the
+record's ``cause`` (addresses redacted, bounded) until the breaker closes, so ``postlane
+status`` and the dashboard say *why* nothing is sent.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from postlane.core.validation import redact_address
+
 CONTROL_PREFIX = "breaker:"
+CAUSE_LIMIT = 300
+"""How much of the provider's answer is kept as the breaker's cause."""
+_ADDRESS = re.compile(r"[^\s<>()\[\]\"',;:]+@[^\s<>()\[\]\"',;:]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +80,19 @@ class BreakerRecord:
     cooldown_s: float
     probe_owner: str | None = None
     reason: str = ""
+    cause: str = ""
+    """Account-level trouble in the provider's words (empty for a failure pattern): kept
+    through probes and re-opens until the breaker closes."""
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> BreakerRecord:
         return cls(str(value["state"]), float(value["until"]), float(value["cooldown_s"]),
-                   value.get("probe_owner"), str(value.get("reason", "")))
+                   value.get("probe_owner"), str(value.get("reason", "")),
+                   str(value.get("cause", "")))
 
     def as_json(self) -> dict[str, Any]:
         return {"state": self.state, "until": self.until, "cooldown_s": self.cooldown_s,
-                "probe_owner": self.probe_owner, "reason": self.reason}
+                "probe_owner": self.probe_owner, "reason": self.reason, "cause": self.cause}
 
 
 def opened(now: float, config: BreakerConfig, reason: str,
@@ -85,7 +101,29 @@ def opened(now: float, config: BreakerConfig, reason: str,
     cooldown = config.cooldown_s
     if previous is not None:
         cooldown = min(config.max_cooldown_s, previous.cooldown_s * 2)
-    return BreakerRecord("open", now + cooldown, cooldown, None, reason)
+    return BreakerRecord("open", now + cooldown, cooldown, None, reason,
+                         previous.cause if previous is not None else "")
+
+
+def account_trouble(now: float, config: BreakerConfig, response: str | None,
+                    retry_after_s: float | None = None,
+                    previous: BreakerRecord | None = None) -> BreakerRecord:
+    """Open for account-level trouble (or re-open after a probe that met it again), with the
+    cause recorded; a Retry-After the provider gave is the earliest probe."""
+    cause = account_cause(response)
+    verb = "probe failed: " if previous is not None else ""
+    record = opened(now, config, f"{verb}account trouble: {cause}", previous)
+    if retry_after_s is not None and now + retry_after_s > record.until:
+        record = replace(record, until=now + retry_after_s)
+    return replace(record, cause=cause)
+
+
+def account_cause(response: str | None) -> str:
+    """The provider's answer as a breaker cause: one line, bounded, addresses redacted (an
+    SES sandbox names the unverified recipient)."""
+    text = " ".join((response or "no detail given").split())
+    text = _ADDRESS.sub(lambda m: redact_address(m.group(0)), text)
+    return text if len(text) <= CAUSE_LIMIT else text[:CAUSE_LIMIT - 3] + "..."
 
 
 def abandoned(record: BreakerRecord, now: float) -> BreakerRecord:
@@ -93,10 +131,11 @@ def abandoned(record: BreakerRecord, now: float) -> BreakerRecord:
     cool-down unchanged. A vanished prober says nothing about the provider; doubling here
     would keep the fleet idle for a doubled cool-down (up to two minutes) on top of the
     probe timeout whenever a worker is killed mid-probe."""
-    return BreakerRecord("open", now, record.cooldown_s, None, "probe abandoned")
+    return BreakerRecord("open", now, record.cooldown_s, None, "probe abandoned",
+                         record.cause)
 
 
 def probing(record: BreakerRecord, now: float, owner: str,
             config: BreakerConfig) -> BreakerRecord:
     return BreakerRecord("half_open", now + config.probe_timeout_s, record.cooldown_s, owner,
-                         record.reason)
+                         record.reason, record.cause)

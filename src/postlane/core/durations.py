@@ -15,4 +15,7 @@ def parse_duration(text: str) -> timedelta:
     if not match:
         raise ValueError(f"not a duration: {text!r} (expected e.g. 90s, 15m, 2h, 1d)")
     value, unit = match.groups()
-    return timedelta(seconds=float(value) * _UNITS[unit or "s"])
+    try:
+        return timedelta(seconds=float(value) * _UNITS[unit or "s"])
+    except OverflowError:  # past timedelta's 999,999,999 days
+        raise ValueError(f"duration too long: {text!r}") from None

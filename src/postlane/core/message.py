@@ -36,7 +36,8 @@ class Message:
     template_id: str | None = None
     template_version: int | None = None
     expires_at: datetime | None = None
-    """Absolute end of the message's usefulness; at most one of this and ``expires_in``."""
+    """Absolute end of the message's usefulness, with a time zone, within 0001-01-02 ..
+    9999-12-30 UTC (see ``check_time``); at most one of this and ``expires_in``."""
     expires_in: timedelta | None = None
     """Validity window counted from enqueue, on the database clock."""
     delay: timedelta | None = None
@@ -104,6 +105,18 @@ class Delivery:
             template_version=self.template_version,
             expires_at=self.expires_at,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableDelivery(Delivery):
+    """A row the store could not read back into a ``Delivery`` (a time past year 9999, a
+    header that is not text...): a poison delivery. The columns that could not be read hold
+    placeholders (no time: None, or the epoch; no headers: ``{}``), so it can travel where a
+    delivery does without failing the others read with it; the worker dead-letters it
+    unsent (``handler_error``), and readers show ``unreadable``."""
+
+    unreadable: str
+    """Which columns could not be read and why, each error verbatim."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,16 @@ The split follows what the worker can do next:
     transient   5xx, refused/reset before the request left  -> retry with backoff
     ambiguous   timeout or drop *after* the request left    -> reconcile before a new attempt
     permanent   400/404/422, rejected address, no template  -> dead-letter now
+    account     the provider account cannot send at all:    -> requeue, attempt not spent;
+                bad credentials (SMTP 535, HTTP 401/403),      the breaker opens at once and
+                an unverified sender identity, no sender       records why
+
+``account`` is never the message's fault: the same request will succeed unchanged once an
+operator fixes the account, so dead-lettering it (and, in one bad minute, the whole queue)
+would turn a configuration slip into a replay campaign.
+
+A 4xx that names a ``Retry-After`` is the provider saying *when*, not *never*: adapters map
+it to ``throttled`` (and ``decide`` treats a ``permanent`` that carries one the same way).
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ class OutcomeClass(StrEnum):
     TRANSIENT = "transient"
     AMBIGUOUS = "ambiguous"
     PERMANENT = "permanent"
+    ACCOUNT = "account"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,3 +66,8 @@ class Outcome:
     @classmethod
     def permanent(cls, response: str | None = None) -> Outcome:
         return cls(OutcomeClass.PERMANENT, response=response)
+
+    @classmethod
+    def account(cls, response: str | None = None,
+                retry_after_s: float | None = None) -> Outcome:
+        return cls(OutcomeClass.ACCOUNT, retry_after_s=retry_after_s, response=response)

@@ -133,17 +133,20 @@ def decide(
     if kind is OutcomeClass.ACCEPTED:
         return Decision(State.SENT, "sent", detail=detail)
 
-    if kind is OutcomeClass.PERMANENT:
+    if kind is OutcomeClass.PERMANENT and outcome.retry_after_s is None:
         return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.PERMANENT,
                         detail=detail)
 
-    if kind is OutcomeClass.THROTTLED:
-        # Early is not failed: no attempt spent; the provider's Retry-After wins.
+    if kind in (OutcomeClass.THROTTLED, OutcomeClass.PERMANENT, OutcomeClass.ACCOUNT):
+        # Early is not failed: no attempt spent; the provider's Retry-After wins. A refusal
+        # that names a Retry-After says "later", not "never". Account-level trouble is not
+        # the message's fault: it waits, unspent, while the breaker holds the fleet.
         detail["attempt"] = delivery.attempts
         delay = outcome.retry_after_s
         if delay is None:
             delay = backoff_s(1, RetryPolicy(policy.throttle_default_s, policy.cap_s), rand)
-        return _requeue(delivery, lane, now, delay, "throttled", spend=False, detail=detail)
+        event = "account_trouble" if kind is OutcomeClass.ACCOUNT else "throttled"
+        return _requeue(delivery, lane, now, delay, event, spend=False, detail=detail)
 
     attempts_after = delivery.attempts + 1
 

@@ -7,9 +7,12 @@ of as a dead letter an hour later.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from postlane.core.message import EMAIL, Message
 from postlane.errors import (
@@ -18,6 +21,9 @@ from postlane.errors import (
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
+    InvalidMetadata,
+    InvalidText,
+    InvalidTime,
     UnknownLane,
 )
 
@@ -34,7 +40,8 @@ _HEADER_NAME = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")  # printable ASCII except 
 _PHONE = re.compile(r"^\+[1-9]\d{6,14}$")  # E.164
 # Checked once per message at enqueue, a hot path for bulk imports: regular expressions
 # (C loops) rather than Python loops over characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0 and C1 controls, and the two Unicode line separators: the key travels in a header.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _WHITESPACE_OR_CONTROL = re.compile(r"[\r\n\t\0 ]")
 
 
@@ -65,7 +72,12 @@ def check_address(address: str, *, field: str = "to") -> None:
         raise InvalidAddress(f"{field}: local part is not valid", field=field)
     if _ADDRESS_LITERAL.match(domain):
         return
-    labels = domain.rstrip(".").split(".")
+    if domain.endswith("."):
+        # DNS's root dot has no place in an address: RFC 5321 and 5322 refuse it, and
+        # Python's email package parses ``To: a@example.com.`` as no address at all.
+        raise InvalidAddress(f"{field}: domain {domain!r} ends with a dot; drop it",
+                             field=field)
+    labels = domain.split(".")
     if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
         raise InvalidAddress(f"{field}: domain {domain!r} is not a valid host name", field=field)
     if labels[-1].isdigit():
@@ -74,12 +86,18 @@ def check_address(address: str, *, field: str = "to") -> None:
 
 
 def check_header(name: str, value: str) -> None:
-    """Refuse header injection: CR or LF in a name or value, or a malformed name."""
+    """Refuse header injection: a line break (any ``str.splitlines`` knows) or NUL in a
+    value, a malformed name, or a header Postlane sets itself (``check_header_name``)."""
     if not _HEADER_NAME.match(name):
         raise InvalidHeader(f"header name {name!r} is not printable ASCII without ':'",
                             field="headers")
-    if "\r" in value or "\n" in value or "\0" in value:
-        raise InvalidHeader(f"header {name!r} contains CR, LF or NUL", field="headers")
+    if "\0" in value or _LINE_BREAK.search(value):
+        raise InvalidHeader(f"header {name!r} contains a line break ({LINE_BREAK_NAMES}) "
+                            "or NUL", field="headers")
+    check_header_name(name)
+    if _ENCODED_WORD.search(value):
+        raise InvalidHeader(f"header {name!r} {ENCODED_WORD_PROBLEM}", field="headers")
+    check_text(value, field="headers")
 
 
 def check_key(key: str) -> None:
@@ -91,6 +109,66 @@ def check_key(key: str) -> None:
                          field="key")
     if _CONTROL.search(key):
         raise InvalidKey("idempotency key contains control characters", field="key")
+    if _ENCODED_WORD.search(key):
+        raise InvalidKey(f"idempotency key {ENCODED_WORD_PROBLEM}", field="key")
+
+
+# Every time a store writes must read back on both engines: Python's datetime ends at year
+# 9999, PostgreSQL's timestamptz does not (psycopg then fails with "timestamp too large"),
+# and SQLite keeps epoch seconds in a REAL, whose rounding can carry 9999-12-31T23:59:59.9
+# into year 10000. A day's margin at each end covers the rounding and any display offset.
+EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 31, tzinfo=UTC)
+"""Times are refused outside ``[EARLIEST_TIME, LATEST_TIME)`` (compared in UTC)."""
+_RANGE = f"{EARLIEST_TIME.date().isoformat()} and {(LATEST_TIME - timedelta(days=1)).date()}"
+
+
+def check_time(value: object, *, field: str) -> None:
+    """Raise ``InvalidTime`` unless ``value`` is an aware datetime both stores read back.
+
+    A row holding a time that cannot be read back is a poison delivery: every claim of it
+    fails, and with it its whole batch, so it is refused here instead."""
+    if not isinstance(value, datetime):
+        raise InvalidTime(f"{field} must be a datetime, not {type(value).__name__}",
+                          field=field)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidTime(f"{field} must be timezone-aware", field=field)
+    try:
+        utc: datetime | None = value.astimezone(UTC)
+    except (OverflowError, ValueError):  # 0001-01-01T00:00+01:00 is in year 0 in UTC
+        utc = None
+    if utc is None or not EARLIEST_TIME <= utc < LATEST_TIME:
+        raise InvalidTime(
+            f"{field} {value.isoformat()} is out of range: a time must fall between "
+            f"{_RANGE} (UTC)", field=field)
+
+
+def check_span(value: object, *, field: str, zero_ok: bool,
+               now: datetime | None = None) -> None:
+    """Raise ``InvalidTime`` unless ``value`` is a timedelta (positive, or not negative with
+    ``zero_ok``) that, counted from ``now``, still ends before ``LATEST_TIME``."""
+    if not isinstance(value, timedelta):
+        raise InvalidTime(f"{field} must be a timedelta, not {type(value).__name__}",
+                          field=field)
+    if value < timedelta(0) or (not zero_ok and not value):
+        raise InvalidTime(f"{field} must {'not be negative' if zero_ok else 'be positive'}",
+                          field=field)
+    if value >= LATEST_TIME - (now or datetime.now(UTC)):
+        raise InvalidTime(f"{field} of {value.days} days ends out of range: a time must fall "
+                          f"between {_RANGE} (UTC)", field=field)
+
+
+def check_times(message: Message, now: datetime | None = None) -> None:
+    """The message's expiry and delay: one of ``expires_at``/``expires_in``, each readable
+    back on both engines once stored (see ``check_time``)."""
+    if message.expires_at is not None and message.expires_in is not None:
+        raise InvalidMessage("give expires_at or expires_in, not both", field="expires_at")
+    if message.expires_at is not None:
+        check_time(message.expires_at, field="expires_at")
+    if message.expires_in is not None:
+        check_span(message.expires_in, field="expires_in", zero_ok=False, now=now)
+    if message.delay is not None:
+        check_span(message.delay, field="delay", zero_ok=True, now=now)
 
 
 def validate(message: Message, limits: Limits = Limits()) -> None:
@@ -105,8 +183,7 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
             check_address(message.sender, field="sender")
         if message.text is None and message.html is None:
             raise InvalidMessage("an email needs a text or an html body", field="text")
-        if "\r" in message.subject or "\n" in message.subject:
-            raise InvalidHeader("subject contains CR or LF", field="subject")
+        check_subject(message.subject)
     elif message.channel == "sms":
         if not _PHONE.match(message.to):
             raise InvalidAddress("to: not an E.164 phone number (e.g. +4915112345678)",
@@ -118,20 +195,146 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
                              field="channel")
     for name, value in message.headers.items():
         check_header(name, value)
-    if message.expires_at is not None and message.expires_in is not None:
-        raise InvalidMessage("give expires_at or expires_in, not both", field="expires_at")
-    if message.expires_at is not None and message.expires_at.tzinfo is None:
-        raise InvalidMessage("expires_at must be timezone-aware", field="expires_at")
-    if message.expires_in is not None and message.expires_in.total_seconds() <= 0:
-        raise InvalidMessage("expires_in must be positive", field="expires_in")
-    if message.delay is not None and message.delay.total_seconds() < 0:
-        raise InvalidMessage("delay must not be negative", field="delay")
+    check_times(message)
+    check_storable(message)
     size = message.content_size()
     if size > limits.max_content_bytes:
         raise ContentTooLarge(
             f"content is {size} bytes, over the limit of {limits.max_content_bytes}",
             field="content",
         )
+
+
+# -- what the wire and the database can carry ---------------------------------------------
+# Python's email package folds and splits a header where ``str.splitlines`` breaks a line:
+# not only at CR and LF but at VT, FF, FS, GS, RS, NEL, LINE SEPARATOR and PARAGRAPH
+# SEPARATOR too. Any of them in a subject or a header value starts a new header line.
+LINE_BREAKS = "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+LINE_BREAK_NAMES = "CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029"
+_LINE_BREAK = re.compile(f"[{re.escape(LINE_BREAKS)}]")
+# PostgreSQL refuses NUL in text and jsonb; a lone surrogate has no UTF-8 form at all.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+# RFC 2047 encoded-word syntax. Python's email package decodes it in any header value it is
+# handed, even inside a word: ``=?utf-8?q?x?=`` goes out as ``x`` over SMTP and SES but
+# verbatim through the JSON APIs, so what the recipient reads would depend on the adapter.
+_ENCODED_WORD = re.compile(r"=\?[^?]*\?[bBqQ]\?[^?]*\?=")
+ENCODED_WORD_PROBLEM = ("contains RFC 2047 encoded-word syntax (=?charset?q?...?=); give the "
+                        "text itself: it is encoded on the way out")
+
+RESERVED_HEADERS = frozenset({
+    "message-id", "content-type", "mime-version", "content-transfer-encoding",
+})
+"""Headers the pipeline sets: the MIME structure and the Message-ID derived from the key
+(every attempt and replay must be the same message)."""
+RESERVED_HEADER_PREFIX = "x-postlane-"
+FIELD_HEADERS = {
+    "to": "to", "cc": "to", "bcc": "to", "from": "sender", "sender": "sender",
+    "subject": "subject",
+}
+"""Headers a ``Message`` field owns. A caller's ``To``, ``Cc`` or ``Bcc`` would add
+recipients the envelope does not name (one delivery is one recipient); ``From`` or
+``Sender`` would send in a name the provider never checked; ``Subject`` would shadow the
+checked subject."""
+
+MAX_METADATA_DEPTH = 32
+"""Deepest nesting of metadata (the object itself is level 1): enough for any caller's
+correlation data, far below where hashing or encoding it would exhaust the stack."""
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored (a NUL, a lone surrogate), or None."""
+    found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    if found.group() == "\0":
+        return "contains a NUL character"
+    return "is not valid Unicode (a lone surrogate)"
+
+
+def check_text(value: str, *, field: str) -> None:
+    """Raise ``InvalidText`` if no database column can hold ``value``."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise InvalidText(f"{field} {problem}", field=field)
+
+
+def check_subject(subject: str) -> None:
+    """A subject is one header line: no line break of any kind, nothing unstorable."""
+    if _LINE_BREAK.search(subject):
+        raise InvalidHeader(f"subject contains a line break ({LINE_BREAK_NAMES})",
+                            field="subject")
+    if _ENCODED_WORD.search(subject):
+        raise InvalidHeader(f"subject {ENCODED_WORD_PROBLEM}", field="subject")
+    check_text(subject, field="subject")
+
+
+def check_header_name(name: str) -> None:
+    """Refuse a header the pipeline sets itself or a ``Message`` field owns."""
+    lower = name.lower()
+    if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIX):
+        raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given",
+                            field="headers")
+    owner = FIELD_HEADERS.get(lower)
+    if owner is not None:
+        raise InvalidHeader(f"header {name!r} cannot be given: the message's {owner!r} "
+                            "field sets it", field="headers")
+
+
+def json_problem(value: Any, *, max_depth: int = MAX_METADATA_DEPTH) -> str | None:
+    """Why ``value`` is not JSON both engines store alike, or None; ``path: reason``.
+
+    Walked with an explicit stack, depth first, so that nesting is refused at
+    ``max_depth`` before anything (hashing, encoding, this check) recurses into it.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"{path or 'value'} {problem}"
+        elif isinstance(item, bool) or item is None or isinstance(item, int):
+            continue
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{path or 'value'}: NaN and infinity are not JSON"
+        elif isinstance(item, (Mapping, list, tuple)):
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            if isinstance(item, Mapping):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        return f"{path or 'value'}: key {key!r} is not a string"
+                    problem = text_problem(key)
+                    if problem is not None:
+                        return f"{path or 'value'}: a key {problem}"
+                    stack.append((child, f"{path}.{key}" if path else key, depth + 1))
+            else:
+                for index, child in enumerate(item):
+                    stack.append((child, f"{path}[{index}]", depth + 1))
+        else:
+            return f"{path or 'value'}: a {type(item).__name__} is not JSON"
+    return None
+
+
+def check_metadata(metadata: Mapping[str, Any]) -> None:
+    """Raise ``InvalidMetadata`` unless ``metadata`` is a JSON object within the limits."""
+    if not metadata:
+        return
+    problem = json_problem(metadata)
+    if problem is not None:
+        raise InvalidMetadata(f"metadata: {problem}", field="metadata")
+
+
+def check_storable(message: Message) -> None:
+    """Every text a delivery row keeps must be storable on both engines and sendable."""
+    check_text(message.key, field="key")
+    for field, value in (("subject", message.subject), ("text", message.text),
+                         ("html", message.html), ("import_id", message.import_id),
+                         ("template_id", message.template_id)):
+        if value is not None:
+            check_text(value, field=field)
+    check_metadata(message.metadata)
 
 
 def redact_address(address: str) -> str:

@@ -24,6 +24,7 @@ from postlane.api.models import DeadLetterOut, EventOut, MessageOut
 from postlane.api.sessions import COOKIE
 from postlane.api.state import AppState, actor, app_state
 from postlane.core.states import DeadReason
+from postlane.core.validation import text_problem
 from postlane.dashboard.charts import bars, human_seconds, sparkline
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import PostlaneError
@@ -78,10 +79,11 @@ Csrf = Annotated[str, Form()]
 
 
 def render(request: Request, name: str, context: dict[str, Any], *,
-           status_code: int = 200, consume_notice: bool = True) -> HTMLResponse:
+           status_code: int = 200, consume_notice: bool = True,
+           error: str | None = None) -> HTMLResponse:
     flash = request.cookies.get(FLASH) if consume_notice else None
-    notice = None
-    if flash:
+    notice = {"kind": "error", "text": error} if error else None
+    if flash and not error:
         kind, _, text = unquote(flash).partition(":")
         notice = {"kind": kind if kind in ("ok", "error") else "ok", "text": text}
     response = templates.TemplateResponse(
@@ -110,6 +112,21 @@ def guard(s: Session, csrf: str, to: str) -> RedirectResponse | None:
     if not s.can_operate:
         return back(to, f"API key {s.key.name} lacks the 'operate' scope", ok=False)
     return None
+
+
+def unstorable(**values: str | None) -> str | None:
+    """Why one of a form's or a query's ``values`` cannot be looked up or stored (a NUL,
+    a lone surrogate: the database refuses both), or None. Answered 400, never a 500."""
+    for name, value in values.items():
+        problem = text_problem(value) if value else None
+        if problem is not None:
+            return f"{name.replace('_', ' ')} {problem}; nothing was done"
+    return None
+
+
+def refused(request: Request, s: Session, why: str) -> HTMLResponse:
+    """A 400 page for input no action can use; the operator fixes it and tries again."""
+    return render(request, "base.html", {"s": s}, status_code=400, error=why)
 
 
 def _local(url: str) -> str:
@@ -191,9 +208,9 @@ async def lanes_partial(request: Request, s: Signed) -> HTMLResponse:
 
 @router.post("/lanes/{lane}/{action}")
 async def lane_action(lane: str, action: str, s: Signed, csrf: Csrf) -> RedirectResponse:
-    refused = guard(s, csrf, PREFIX)
-    if refused:
-        return refused
+    refusal = guard(s, csrf, PREFIX)
+    if refusal:
+        return refusal
     if lane not in s.state.lanes:
         return back(PREFIX, f"unknown lane {lane!r}", ok=False)
     if action == "pause":
@@ -220,11 +237,14 @@ async def _imports(store: Store) -> list[dict[str, Any]] | None:
 
 
 @router.post("/imports/{import_id}/{action}")
-async def import_action(import_id: str, action: str, s: Signed,
-                        csrf: Csrf) -> RedirectResponse:
-    refused = guard(s, csrf, PREFIX)
-    if refused:
-        return refused
+async def import_action(request: Request, import_id: str, action: str, s: Signed,
+                        csrf: Csrf) -> Response:
+    refusal = guard(s, csrf, PREFIX)
+    if refusal:
+        return refusal
+    bad = unstorable(import_id=import_id)
+    if bad:
+        return refused(request, s, bad)
     from postlane import imports
 
     if action == "pause":
@@ -248,6 +268,12 @@ def _filters(values: dict[str, str | None]) -> dict[str, str]:
 async def dead_letters(request: Request, s: Signed) -> HTMLResponse:
     filters = _filters(dict(request.query_params))
     include_closed = request.query_params.get("include_closed") == "1"
+    bad = unstorable(**filters)
+    if bad:
+        return render(request, "dead_letters.html", {
+            "s": s, "entries": [], "filters": {}, "include_closed": include_closed,
+            "reasons": [str(r) for r in DeadReason], "lanes": s.state.lanes, "query": ""},
+            status_code=400, error=bad)
     entries = await s.store.list_dead_letters(
         DeadLetterFilter(**filters, include_closed=include_closed), limit=200)  # type: ignore[arg-type]
     return render(request, "dead_letters.html", {
@@ -262,13 +288,16 @@ def _dl_page(filters: dict[str, str]) -> str:
 
 
 @router.post("/dead-letters/replay")
-async def replay_rest(request: Request, s: Signed, csrf: Csrf) -> RedirectResponse:
+async def replay_rest(request: Request, s: Signed, csrf: Csrf) -> Response:
     form = await request.form()
     filters = _filters({k: str(v) for k, v in form.items()})
     to = _dl_page(filters)
-    refused = guard(s, csrf, to)
-    if refused:
-        return refused
+    refusal = guard(s, csrf, to)
+    if refusal:
+        return refusal
+    bad = unstorable(**filters)
+    if bad:
+        return refused(request, s, bad)
     try:
         plan = await replay_selection(s.store, DeadLetterFilter(**filters),  # type: ignore[arg-type]
                                       by=actor(s.key))
@@ -281,12 +310,15 @@ async def replay_rest(request: Request, s: Signed, csrf: Csrf) -> RedirectRespon
 
 
 @router.post("/dead-letters/{delivery_id}/replay")
-async def replay_entry(delivery_id: int, s: Signed, csrf: Csrf,
-                       back_to: Annotated[str, Form()] = "") -> RedirectResponse:
+async def replay_entry(request: Request, delivery_id: int, s: Signed, csrf: Csrf,
+                       back_to: Annotated[str, Form()] = "") -> Response:
     to = _local(back_to or f"{PREFIX}/dead-letters")
-    refused = guard(s, csrf, to)
-    if refused:
-        return refused
+    refusal = guard(s, csrf, to)
+    if refusal:
+        return refusal
+    bad = unstorable(back_to=back_to)
+    if bad:
+        return refused(request, s, bad)
     try:
         await replay_one(s.store, delivery_id, by=actor(s.key))
     except PostlaneError as exc:
@@ -296,13 +328,16 @@ async def replay_entry(delivery_id: int, s: Signed, csrf: Csrf,
 
 
 @router.post("/dead-letters/{delivery_id}/discard")
-async def discard_entry(delivery_id: int, s: Signed, csrf: Csrf,
+async def discard_entry(request: Request, delivery_id: int, s: Signed, csrf: Csrf,
                         reason: Annotated[str, Form()] = "",
-                        back_to: Annotated[str, Form()] = "") -> RedirectResponse:
+                        back_to: Annotated[str, Form()] = "") -> Response:
     to = _local(back_to or f"{PREFIX}/dead-letters")
-    refused = guard(s, csrf, to)
-    if refused:
-        return refused
+    refusal = guard(s, csrf, to)
+    if refusal:
+        return refusal
+    bad = unstorable(reason=reason, back_to=back_to)
+    if bad:
+        return refused(request, s, bad)
     reason = reason.strip() or "discarded from the dashboard"
     if not await s.store.discard_dead_letter(delivery_id, reason, actor(s.key)):
         return back(to, f"delivery {delivery_id} has no open dead letter", ok=False)
@@ -314,6 +349,10 @@ async def discard_entry(delivery_id: int, s: Signed, csrf: Csrf,
 async def messages(request: Request, s: Signed, q: str = "") -> Response:
     """Search by id, idempotency key or recipient; one hit opens its timeline."""
     q = q.strip()
+    bad = unstorable(search=q)
+    if bad:
+        return render(request, "messages.html", {"s": s, "q": "", "messages": [],
+                                                 "missing": bad}, status_code=400)
     found = []
     if q:
         seen: set[int] = set()

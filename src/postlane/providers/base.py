@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
+from postlane.errors import InvalidMessage, MissingSender
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,17 @@ class Provider(abc.ABC):
 
     name: str = "provider"
     capabilities: Capabilities = Capabilities()
+    needs_sender: bool = False
+    """A send needs a sender address: the message's own, else ``configured_sender()``."""
+
+    def configured_sender(self) -> str | None:
+        """The sender used for messages that name none (the URL's ``from=``)."""
+        return None
+
+    def endpoint(self) -> tuple[str, int] | None:
+        """Host and port the adapter connects to, so ``postlane check`` can see that
+        something answers there without sending; None for an in-process adapter."""
+        return None
 
     @property
     def account(self) -> str:
@@ -53,3 +65,12 @@ class Provider(abc.ABC):
     async def close(self) -> None:
         """Release connections; called once when the worker stops."""
         return None
+
+
+def refused_before_sending(exc: InvalidMessage) -> Outcome:
+    """A delivery the adapter could not turn into a request: the message's fault (permanent),
+    except a missing sender, which is the deployment's (no ``from=`` on the provider): every
+    message without a sender of its own would fail alike, so it is account-level."""
+    if isinstance(exc, MissingSender):
+        return Outcome.account(f"not sent: {exc}")
+    return Outcome.permanent(f"refused before sending: {exc}")

@@ -11,8 +11,9 @@ the provider's own error codes:
 
     2xx                          accepted
     429                          throttled, with Retry-After (seconds or HTTP date)
-    401, 403                     transient: the account's credentials, not the message; the
-                                 breaker pauses sending instead of dead-lettering the queue
+    401, 403                     account: the credentials, not the message; the breaker
+                                 opens at once and the deliveries wait, attempts unspent
+    other 4xx with Retry-After   throttled at that time: "later", never a dead letter
     408, 409                     transient (request timeout; same key still in progress)
     other 4xx                    permanent
     504                          ambiguous (a gateway gave up; the service may have it)
@@ -37,19 +38,22 @@ from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
+from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 
 HTTP_TOKEN_ENV = "POSTLANE_HTTP_TOKEN"
 RESPONSE_LIMIT = 2000
 """How much of a response body is kept as the outcome's response text."""
+ACCOUNT_STATUSES = (401, 403)
+"""Statuses that speak of the account (its credentials, its permissions), never a message."""
 
 
 class HttpApiProvider(Provider):
     """Base of the JSON email API adapters: subclasses build the request and read answers."""
 
     name = "http"
+    needs_sender = True
 
     def __init__(
         self,
@@ -76,6 +80,13 @@ class HttpApiProvider(Provider):
     @property
     def account(self) -> str:
         return self._account or f"{self.name}:{httpx.URL(self.base_url).host}"
+
+    def configured_sender(self) -> str | None:
+        return self.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        url = httpx.URL(self.base_url)
+        return url.host, url.port or (443 if url.scheme == "https" else 80)
 
     async def open(self) -> None:
         if self._client is None:
@@ -109,7 +120,7 @@ class HttpApiProvider(Provider):
         try:
             request = self.build_request(delivery)
         except InvalidMessage as exc:
-            return Outcome.permanent(f"refused before sending: {exc}")
+            return refused_before_sending(exc)
         try:
             response = await self.client.send(request)
         except httpx.HTTPError as exc:
@@ -158,16 +169,31 @@ def outcome_of_status(response: httpx.Response, provider_message_id: str | None 
         return Outcome.accepted(provider_message_id or message_id_of(response), text)
     if status == 429:
         return Outcome.throttled(retry_after_of(response), text)
-    if status in (401, 403, 408, 409):
-        return Outcome.transient(text, retry_after_s=retry_after_of(response))
+    if status in ACCOUNT_STATUSES:
+        return Outcome.account(text, retry_after_s=retry_after_of(response))
     if 400 <= status < 500:
-        return Outcome.permanent(text)
+        return outcome_of_4xx(response, text)
     if status == 504:
         return Outcome.ambiguous(text)
     if status >= 500:
         return Outcome.transient(text, retry_after_s=retry_after_of(response))
     # 1xx/3xx where an answer was expected: a misconfigured URL, not the message's fault.
     return Outcome.transient(text)
+
+
+def outcome_of_4xx(response: httpx.Response, text: str) -> Outcome:
+    """A refusal that is not the account's: 408/409 are transient, the rest permanent --
+    unless it names a Retry-After (see ``refusal``)."""
+    if retry_after_of(response) is None and response.status_code in (408, 409):
+        return Outcome.transient(text)
+    return refusal(response, text)
+
+
+def refusal(response: httpx.Response, text: str) -> Outcome:
+    """Permanent, unless the answer carries a Retry-After: a provider that says when to come
+    back means "later", not "never", so it is throttled at that time (no attempt spent)."""
+    wait = retry_after_of(response)
+    return Outcome.throttled(wait, text) if wait is not None else Outcome.permanent(text)
 
 
 def json_body(response: httpx.Response) -> dict[str, Any]:

@@ -5,8 +5,11 @@ the ``Message-ID`` is derived from the idempotency key (``<sha256(key)[:32]@send
 the ``Date`` is the delivery's creation time, and the key itself travels in
 ``X-Postlane-Key`` so the receiving side (a sink, a mailbox, a bounce) can be joined back.
 
-Headers are checked again here, before anything is sent: a CR or LF in a header value would
-let a caller inject headers or a second message, and it is refused as a permanent outcome.
+Headers are checked again here, before anything is sent, with the rules of enqueue
+(``postlane.core.validation``): a line break in a header value would let a caller inject
+headers or a second message, and a header Postlane sets (the MIME structure, the Message-ID,
+``X-Postlane-*``) or a ``Message`` field owns (To, Cc, Bcc, From, Sender, Subject) cannot be
+given. A row that fails is refused as a permanent outcome.
 """
 
 from __future__ import annotations
@@ -17,15 +20,10 @@ from email.policy import SMTP
 from email.utils import format_datetime
 
 from postlane.core.message import Delivery
-from postlane.core.validation import check_address, check_header
-from postlane.errors import InvalidHeader, InvalidMessage
+from postlane.core.validation import check_address, check_header, check_subject
+from postlane.errors import InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
-
-_STRUCTURAL = frozenset({
-    "mime-version", "content-type", "content-transfer-encoding", KEY_HEADER.lower(),
-})
-"""Headers the caller cannot set: they would break the MIME structure or the key."""
 
 
 def key_digest(key: str) -> str:
@@ -42,8 +40,8 @@ def message_id(key: str, sender: str | None = None) -> str:
 def sender_of(delivery: Delivery, default: str | None) -> str:
     sender = delivery.sender or default
     if not sender:
-        raise InvalidMessage("no sender: give the message a sender or the provider URL "
-                             "a from= option", field="sender")
+        raise MissingSender("no sender: give the message a sender or the provider URL "
+                            "a from= option", field="sender")
     return sender
 
 
@@ -51,13 +49,9 @@ def check_delivery(delivery: Delivery, sender: str) -> None:
     """Refuse what would corrupt the wire format: raises ``InvalidMessage`` (never sends)."""
     check_address(delivery.recipient, field="to")
     check_address(sender, field="sender")
-    if "\r" in delivery.subject or "\n" in delivery.subject:
-        raise InvalidHeader("subject contains CR or LF", field="subject")
+    check_subject(delivery.subject)
     for name, value in delivery.headers.items():
         check_header(name, value)
-        if name.lower() in _STRUCTURAL:
-            raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given",
-                                field="headers")
     if delivery.text is None and delivery.html is None:
         raise InvalidMessage("an email needs a text or an html body", field="text")
 
@@ -65,8 +59,8 @@ def check_delivery(delivery: Delivery, sender: str) -> None:
 def build_email(delivery: Delivery, sender: str) -> EmailMessage:
     """The message as it goes on the wire; ``bytes(...)`` via ``as_bytes()`` uses CRLF.
 
-    The caller's own headers replace the defaults of the same name (a caller may set its
-    own ``Message-ID``); ``X-Postlane-Key`` and the MIME structure are always Postlane's.
+    The caller's headers come after Postlane's; ``check_delivery`` has made sure that none
+    of them names a header Postlane sets or a field owns.
     """
     check_delivery(delivery, sender)
     msg = EmailMessage(policy=SMTP)
@@ -77,7 +71,7 @@ def build_email(delivery: Delivery, sender: str) -> EmailMessage:
     msg["Message-ID"] = message_id(delivery.key, sender)
     msg[KEY_HEADER] = delivery.key
     for name, value in delivery.headers.items():
-        if name in msg:
+        if name in msg:  # Date: the caller's replaces the default
             msg.replace_header(name, value)
         else:
             msg[name] = value

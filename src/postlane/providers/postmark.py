@@ -25,7 +25,9 @@ from postlane.providers.http import (
     http_options,
     json_body,
     outcome_of_status,
+    refusal,
     response_text,
+    retry_after_of,
 )
 from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
@@ -34,11 +36,11 @@ POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
 POSTMARK_API = "https://api.postmarkapp.com"
 
 ERROR_CODES: dict[int, tuple[OutcomeClass, str]] = {
-    10: (OutcomeClass.TRANSIENT, "bad or missing server token (the account, not the message)"),
+    10: (OutcomeClass.ACCOUNT, "bad or missing server token (the account, not the message)"),
     100: (OutcomeClass.TRANSIENT, "maintenance"),
     300: (OutcomeClass.PERMANENT, "invalid email request"),
-    400: (OutcomeClass.PERMANENT, "sender signature not found"),
-    401: (OutcomeClass.PERMANENT, "sender signature not confirmed"),
+    400: (OutcomeClass.ACCOUNT, "sender signature not found"),
+    401: (OutcomeClass.ACCOUNT, "sender signature not confirmed"),
     402: (OutcomeClass.PERMANENT, "invalid JSON"),
     403: (OutcomeClass.PERMANENT, "incompatible JSON"),
     405: (OutcomeClass.THROTTLED, "not allowed to send: the account is out of credits"),
@@ -49,7 +51,10 @@ ERROR_CODES: dict[int, tuple[OutcomeClass, str]] = {
     412: (OutcomeClass.PERMANENT, "account pending approval: recipient outside its domain"),
 }
 """Postmark ``ErrorCode`` -> outcome class. An account-wide stop (405: no credits) is
-*throttled* with ``account_retry_after`` so nothing is dead-lettered and no attempt spent."""
+*throttled* with ``account_retry_after`` so nothing is dead-lettered and no attempt spent.
+A bad token (10) and a sender signature that is missing or unconfirmed (400, 401) are
+*account*: the breaker opens with Postmark's words as the cause, nothing is dead-lettered.
+Any other refusal that carries a ``Retry-After`` is throttled at that time."""
 
 
 class PostmarkProvider(HttpApiProvider):
@@ -86,24 +91,7 @@ class PostmarkProvider(HttpApiProvider):
         return self._account or "postmark"
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
-        sender = sender_of(delivery, self.default_sender)
-        check_delivery(delivery, sender)
-        body: dict[str, Any] = {
-            "From": sender,
-            "To": delivery.recipient,
-            "Subject": delivery.subject,
-            "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
-            + [{"Name": KEY_HEADER, "Value": delivery.key}],
-            "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
-                         "postlane_key": delivery.key,
-                         "postlane_delivery_id": str(delivery.id)},
-        }
-        if delivery.text is not None:
-            body["TextBody"] = delivery.text
-        if delivery.html is not None:
-            body["HtmlBody"] = delivery.html
-        if self.message_stream:
-            body["MessageStream"] = self.message_stream
+        body = postmark_payload(delivery, self.default_sender, self.message_stream)
         headers = {"Accept": "application/json",
                    "X-Postmark-Server-Token": self.token.reveal() if self.token else ""}
         return self.client.build_request("POST", f"{self.base_url}/email", json=body,
@@ -111,6 +99,30 @@ class PostmarkProvider(HttpApiProvider):
 
     def map_response(self, response: httpx.Response) -> Outcome:
         return postmark_outcome(response, self.account_retry_after_s)
+
+
+def postmark_payload(delivery: Delivery, default_sender: str | None,
+                     message_stream: str | None = None) -> dict[str, Any]:
+    """The ``POST /email`` body; raises ``InvalidMessage`` for what cannot be sent."""
+    sender = sender_of(delivery, default_sender)
+    check_delivery(delivery, sender)
+    body: dict[str, Any] = {
+        "From": sender,
+        "To": delivery.recipient,
+        "Subject": delivery.subject,
+        "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
+        + [{"Name": KEY_HEADER, "Value": delivery.key}],
+        "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+                     "postlane_key": delivery.key,
+                     "postlane_delivery_id": str(delivery.id)},
+    }
+    if delivery.text is not None:
+        body["TextBody"] = delivery.text
+    if delivery.html is not None:
+        body["HtmlBody"] = delivery.html
+    if message_stream:
+        body["MessageStream"] = message_stream
+    return body
 
 
 def postmark_outcome(response: httpx.Response, account_retry_after_s: float = 60.0) -> Outcome:
@@ -127,8 +139,10 @@ def postmark_outcome(response: httpx.Response, account_retry_after_s: float = 60
         return outcome_of_status(response)
     kind = known[0]
     text = f"{text} [{known[1]}]"
+    if kind is OutcomeClass.ACCOUNT:
+        return Outcome.account(text, retry_after_s=retry_after_of(response))
     if kind is OutcomeClass.THROTTLED:
-        return Outcome.throttled(account_retry_after_s, text)
+        return Outcome.throttled(retry_after_of(response) or account_retry_after_s, text)
     if kind is OutcomeClass.TRANSIENT:
-        return Outcome.transient(text)
-    return Outcome.permanent(text)
+        return Outcome.transient(text, retry_after_s=retry_after_of(response))
+    return refusal(response, text)

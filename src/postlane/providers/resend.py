@@ -23,6 +23,7 @@ from postlane.providers.http import (
     http_options,
     json_body,
     outcome_of_status,
+    refusal,
     response_text,
     retry_after_of,
 )
@@ -42,9 +43,9 @@ ERROR_NAMES: dict[str, OutcomeClass] = {
     "not_found": OutcomeClass.PERMANENT,
     "method_not_allowed": OutcomeClass.PERMANENT,
     "invalid_idempotent_request": OutcomeClass.PERMANENT,
-    "missing_api_key": OutcomeClass.TRANSIENT,
-    "restricted_api_key": OutcomeClass.TRANSIENT,
-    "invalid_api_key": OutcomeClass.TRANSIENT,
+    "missing_api_key": OutcomeClass.ACCOUNT,
+    "restricted_api_key": OutcomeClass.ACCOUNT,
+    "invalid_api_key": OutcomeClass.ACCOUNT,
     "concurrent_idempotent_requests": OutcomeClass.TRANSIENT,
     "rate_limit_exceeded": OutcomeClass.THROTTLED,
     "daily_quota_exceeded": OutcomeClass.THROTTLED,
@@ -53,12 +54,17 @@ ERROR_NAMES: dict[str, OutcomeClass] = {
     "internal_server_error": OutcomeClass.TRANSIENT,
 }
 """Resend error ``name`` -> outcome class. Key problems (401/403) are the account's, not
-the message's: transient, so the breaker pauses. A 409 ``concurrent_idempotent_requests``
+the message's: *account*, so the breaker opens at once and nothing is dead-lettered; so is
+a 403 ``validation_error`` about the sending domain not being verified (or the account still
+in testing mode). A 409 ``concurrent_idempotent_requests``
 means the first request with this key is still running: retry later and get its result.
 Quota errors are throttled: no attempt is spent, the wait is ``Retry-After`` or
-``quota_retry_after`` (default 300 s)."""
+``quota_retry_after`` (default 300 s). Any other refusal that carries a ``Retry-After`` is
+throttled at that time."""
 
 _QUOTA = ("daily_quota_exceeded", "monthly_quota_exceeded")
+_UNVERIFIED = ("not verified", "verify a domain", "verify your domain", "testing emails")
+"""Words of a 403 ``validation_error`` that concern the account's sending identity."""
 
 
 class ResendProvider(HttpApiProvider):
@@ -93,21 +99,7 @@ class ResendProvider(HttpApiProvider):
         return self._account or "resend"
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
-        sender = sender_of(delivery, self.default_sender)
-        check_delivery(delivery, sender)
-        body: dict[str, Any] = {
-            "from": sender,
-            "to": [delivery.recipient],
-            "subject": delivery.subject,
-            "headers": {**delivery.headers, KEY_HEADER: delivery.key},
-            # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
-            "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
-                     {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
-        }
-        if delivery.text is not None:
-            body["text"] = delivery.text
-        if delivery.html is not None:
-            body["html"] = delivery.html
+        body = resend_payload(delivery, self.default_sender)
         headers = {"Accept": "application/json", "Idempotency-Key": delivery.key,
                    "Authorization": f"Bearer {self.token.reveal() if self.token else ''}"}
         return self.client.build_request("POST", f"{self.base_url}/emails", json=body,
@@ -117,17 +109,43 @@ class ResendProvider(HttpApiProvider):
         return resend_outcome(response, self.quota_retry_after_s)
 
 
+def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, Any]:
+    """The ``POST /emails`` body; raises ``InvalidMessage`` for what cannot be sent."""
+    sender = sender_of(delivery, default_sender)
+    check_delivery(delivery, sender)
+    body: dict[str, Any] = {
+        "from": sender,
+        "to": [delivery.recipient],
+        "subject": delivery.subject,
+        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
+        # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
+        "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
+                 {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
+    }
+    if delivery.text is not None:
+        body["text"] = delivery.text
+    if delivery.html is not None:
+        body["html"] = delivery.html
+    return body
+
+
 def resend_outcome(response: httpx.Response, quota_retry_after_s: float = 300.0) -> Outcome:
     status = response.status_code
     if 200 <= status < 300 or status in (401, 504):
         # 401 is a key problem whatever its name (an invalid key may come as a 401
         # validation_error): transient, like every credentials error.
         return outcome_of_status(response)
-    name = json_body(response).get("name")
+    data = json_body(response)
+    name = data.get("name")
     kind = ERROR_NAMES.get(name) if isinstance(name, str) else None
+    if status == 403 and name == "validation_error" and any(
+            words in str(data.get("message", "")).lower() for words in _UNVERIFIED):
+        kind = OutcomeClass.ACCOUNT
     if kind is None:
         return outcome_of_status(response)
     text = response_text(response)
+    if kind is OutcomeClass.ACCOUNT:
+        return Outcome.account(text, retry_after_s=retry_after_of(response))
     if kind is OutcomeClass.THROTTLED:
         wait = retry_after_of(response)
         if wait is None and name in _QUOTA:
@@ -135,4 +153,4 @@ def resend_outcome(response: httpx.Response, quota_retry_after_s: float = 300.0)
         return Outcome.throttled(wait, text)
     if kind is OutcomeClass.TRANSIENT:
         return Outcome.transient(text, retry_after_s=retry_after_of(response))
-    return Outcome.permanent(text)
+    return refusal(response, text)

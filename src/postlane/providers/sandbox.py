@@ -203,6 +203,10 @@ def outcome_of(answer: SandboxAnswer) -> Outcome:
         return Outcome.throttled(answer.retry_after_s, response)
     if answer.status >= 500:
         return Outcome.transient(response)
+    if answer.status in (401, 403):  # the account's credentials, as over HTTP
+        return Outcome.account(response, answer.retry_after_s)
+    if answer.retry_after_s is not None:  # "later", not "never"
+        return Outcome.throttled(answer.retry_after_s, response)
     return Outcome(OutcomeClass.PERMANENT, response=response)
 
 

@@ -35,6 +35,7 @@ DEFAULT_SENDER = "sandbox@postlane.invalid"
 
 class SandboxHttpProvider(HttpApiProvider):
     name = "sandbox+http"
+    needs_sender = False  # it falls back to DEFAULT_SENDER
 
     def __init__(self, base_url: str, *, dedup_window: timedelta = timedelta(days=1),
                  **kwargs: Any) -> None:

@@ -18,9 +18,12 @@ Mapping (error code first, then HTTP status):
     LimitExceededException (a sending quota)             throttled, account_retry_after
     SendingPausedException, AccountSendingPaused...,
     ConfigurationSetSendingPausedException               throttled, account_retry_after
-    AccountSuspendedException, credential errors         transient (the breaker pauses)
-    MessageRejected, MailFromDomainNotVerifiedException,
-    BadRequestException, NotFoundException, other 4xx   permanent
+    AccountSuspendedException, credential errors,        account: the breaker opens at once,
+    MailFromDomainNotVerifiedException, MessageRejected  the deliveries wait unspent
+    saying "not verified" / "did not have authority"
+    (an unverified sender identity), no credentials
+    other MessageRejected, BadRequestException,
+    NotFoundException, other 4xx                         permanent
     5xx (InternalServiceError, ServiceUnavailable...)    transient
     connect timeout, connection refused, TLS failure     transient (never left)
     read timeout, connection closed mid-exchange         ambiguous
@@ -38,8 +41,10 @@ import asyncio
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -57,8 +62,9 @@ from botocore.exceptions import (
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
+from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, key_digest, sender_of
 from postlane.providers.options import ProviderURL, Secret
 
@@ -75,19 +81,24 @@ ERROR_CODES: dict[str, OutcomeClass] = {
     "SendingPausedException": OutcomeClass.THROTTLED,
     "AccountSendingPausedException": OutcomeClass.THROTTLED,
     "ConfigurationSetSendingPausedException": OutcomeClass.THROTTLED,
-    "AccountSuspendedException": OutcomeClass.TRANSIENT,
-    "AccessDeniedException": OutcomeClass.TRANSIENT,
-    "UnrecognizedClientException": OutcomeClass.TRANSIENT,
-    "InvalidClientTokenId": OutcomeClass.TRANSIENT,
-    "SignatureDoesNotMatch": OutcomeClass.TRANSIENT,
-    "ExpiredToken": OutcomeClass.TRANSIENT,
-    "ExpiredTokenException": OutcomeClass.TRANSIENT,
+    "AccountSuspendedException": OutcomeClass.ACCOUNT,
+    "AccessDeniedException": OutcomeClass.ACCOUNT,
+    "UnrecognizedClientException": OutcomeClass.ACCOUNT,
+    "InvalidClientTokenId": OutcomeClass.ACCOUNT,
+    "SignatureDoesNotMatch": OutcomeClass.ACCOUNT,
+    "ExpiredToken": OutcomeClass.ACCOUNT,
+    "ExpiredTokenException": OutcomeClass.ACCOUNT,
     "MessageRejected": OutcomeClass.PERMANENT,
-    "MailFromDomainNotVerifiedException": OutcomeClass.PERMANENT,
+    "MailFromDomainNotVerifiedException": OutcomeClass.ACCOUNT,
     "BadRequestException": OutcomeClass.PERMANENT,
     "NotFoundException": OutcomeClass.PERMANENT,
     "InvalidParameterValue": OutcomeClass.PERMANENT,
 }
+_UNVERIFIED = ("not verified", "did not have authority", "not authorized to send")
+"""Words of a ``MessageRejected`` about the sending identity (the account's set-up), not the
+message: "Email address is not verified", "...did not have authority to send from...".
+An SES account in the sandbox also answers "not verified" for an unverified *recipient*:
+account-level too (it ends when the account leaves the sandbox), never the message's."""
 _ACCOUNT_STOPS = frozenset({
     "LimitExceededException", "SendingPausedException", "AccountSendingPausedException",
     "ConfigurationSetSendingPausedException",
@@ -143,6 +154,16 @@ class SESConfig:
 class SESProvider(Provider):
     name = "ses"
     capabilities = Capabilities()  # no idempotency key, no lookup by our key
+    needs_sender = True
+
+    def configured_sender(self) -> str | None:
+        return self.config.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        if self.config.endpoint_url is None:
+            return f"email.{self.config.region}.amazonaws.com", 443
+        url = urlsplit(self.config.endpoint_url)
+        return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
 
     def __init__(self, config: SESConfig, *, client: SESV2Client | None = None) -> None:
         self.config = config
@@ -213,7 +234,7 @@ class SESProvider(Provider):
         try:
             request = self.request_of(delivery)
         except InvalidMessage as exc:
-            return Outcome.permanent(f"refused before sending: {exc}")
+            return refused_before_sending(exc)
         if self._client is None or self._executor is None:
             await self.open()
         assert self._client is not None
@@ -235,6 +256,9 @@ def outcome_of_client_error(exc: ClientError, account_retry_after_s: float = 60.
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     text = f"{status} {code}: {error.get('Message', '')}".strip()
     kind = ERROR_CODES.get(code)
+    if code == "MessageRejected" and any(
+            words in str(error.get("Message", "")).lower() for words in _UNVERIFIED):
+        kind = OutcomeClass.ACCOUNT
     if kind is None:
         if status == 429:
             kind = OutcomeClass.THROTTLED
@@ -247,6 +271,11 @@ def outcome_of_client_error(exc: ClientError, account_retry_after_s: float = 60.
     if kind is OutcomeClass.THROTTLED:
         wait = account_retry_after_s if code in _ACCOUNT_STOPS else None
         return Outcome.throttled(wait, text)
+    if kind is OutcomeClass.PERMANENT:  # a refusal that says when to come back is "later"
+        headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        wait = parse_retry_after(headers.get("retry-after"), datetime.now(UTC))
+        if wait is not None:
+            return Outcome.throttled(wait, text)
     return Outcome(kind, response=text)
 
 
@@ -256,7 +285,7 @@ def outcome_of_botocore_error(exc: BotoCoreError) -> Outcome:
     if isinstance(exc, BotoConnectionError):  # connect timeout, refused, TLS, proxy
         return Outcome.transient(f"not sent: {text}")
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return Outcome.transient(f"not sent: {text}")
+        return Outcome.account(f"not sent: {text}")
     if isinstance(exc, ParamValidationError):
         return Outcome.permanent(f"refused before sending: {text}")
     if isinstance(exc, HTTPClientError):  # read timeout, connection closed mid-exchange

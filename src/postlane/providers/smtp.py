@@ -5,7 +5,10 @@ taken from a small pool and returned for the next transaction when it ended clea
 
 Mapping (the phase matters more than the code: SMTP tells us where we are):
 
-    connect, TLS, EHLO, AUTH fail; refused; dropped before MAIL   transient
+    connect, TLS, EHLO fail; refused; dropped before MAIL         transient
+    AUTH refused (535, 534, 530...), 530 "authentication required"
+    at any phase                                                   account (the breaker
+                                                                   opens; nothing spent)
     421, 450, 451, 452 (and any 4xx) at MAIL, RCPT, DATA, or "."   transient
     550-554 (and any 5xx) at MAIL, RCPT, DATA, or "."              permanent
     a rejected RCPT (one recipient per delivery, so: the message)  permanent
@@ -48,7 +51,7 @@ from aiosmtplib import (
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
 from postlane.errors import ConfigurationError, InvalidMessage
-from postlane.providers.base import Capabilities, Provider
+from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, message_id, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 
@@ -112,6 +115,11 @@ class SMTPConfig:
         return config
 
 
+AUTH_CODES = frozenset({530, 534, 535, 538})
+"""Replies about the login (RFC 4954: authentication required, a
+stronger mechanism or encryption required, bad credentials): the account's trouble."""
+
+
 class _Connection:
     """One pooled SMTP session and what the pool needs to know about it."""
 
@@ -138,6 +146,13 @@ class SMTPProvider(Provider):
 
     name = "smtp"
     capabilities = Capabilities()  # SMTP has no idempotency and no lookup
+    needs_sender = True
+
+    def configured_sender(self) -> str | None:
+        return self.config.default_sender
+
+    def endpoint(self) -> tuple[str, int] | None:
+        return self.config.host, self.config.port
 
     def __init__(self, config: SMTPConfig) -> None:
         self.config = config
@@ -194,7 +209,7 @@ class SMTPProvider(Provider):
             sender = sender_of(delivery, self.config.default_sender)
             data = build_email(delivery, sender).as_bytes()
         except InvalidMessage as exc:
-            return Outcome.permanent(f"refused before sending: {exc}")
+            return refused_before_sending(exc)
         msg_id = message_id(delivery.key, sender)
         async with self._slots:
             # A pooled connection may have been closed by the server while idle: that shows
@@ -202,6 +217,8 @@ class SMTPProvider(Provider):
             for attempt in range(2):
                 try:
                     conn = await self._checkout()
+                except SMTPAuthenticationError as exc:  # the account's login, not the message
+                    return Outcome.account(f"auth: {_describe(exc)}")
                 except (SMTPException, OSError) as exc:
                     return Outcome.transient(f"connect failed: {_describe(exc)}")
                 try:
@@ -307,6 +324,8 @@ def _outcome_of_failure(failure: _Phase) -> Outcome:
 def outcome_of_reply(code: int, message: str, phase: str) -> Outcome:
     """The SMTP reply table: a refusal's class depends on its first digit."""
     response = f"{phase}: {code} {message}".strip()
+    if code in AUTH_CODES:
+        return Outcome.account(response)
     if 400 <= code < 500:
         return Outcome.transient(response)
     if 500 <= code < 600:

@@ -288,7 +288,9 @@ class Store(abc.ABC):
         exclude_imports: Sequence[str] = (),
     ) -> list[Delivery]:
         """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
-        skipping those of paused imports."""
+        skipping those of paused imports. A row that cannot be read back comes as an
+        ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
+        fails the batch (see ``postlane.store.unreadable``)."""
 
     @abc.abstractmethod
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:

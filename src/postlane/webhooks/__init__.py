@@ -19,16 +19,22 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from postlane.core.validation import json_problem
 from postlane.store.base import ProviderEvent, Store
 from postlane.webhooks.signatures import (
     CertFetcher,
+    WebhookMalformed,
     WebhookRejected,
     sign_standard,
     verify_sns,
     verify_standard,
 )
 
-__all__ = ["WebhookConfig", "WebhookRejected", "WebhookResult", "receive", "sign_standard"]
+__all__ = ["WebhookConfig", "WebhookMalformed", "WebhookRejected", "WebhookResult", "receive",
+           "sign_standard"]
+
+MAX_DEPTH = 32
+"""Deepest nesting a payload may have; every provider's events stay under ten levels."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,8 @@ class WebhookConfig:
 
 async def receive(store: Store, provider: str, headers: Mapping[str, str], body: bytes,
                   config: WebhookConfig | None = None) -> WebhookResult:
-    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401)."""
+    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401), or
+    ``WebhookMalformed`` (-> 400) for a payload that cannot be read or stored."""
     config = config or WebhookConfig.from_env()
     if provider in ("sandbox", "resend"):
         prefix = "webhook" if provider == "sandbox" else "svix"
@@ -69,6 +76,7 @@ async def receive(store: Store, provider: str, headers: Mapping[str, str], body:
         event = _parse_standard(provider, event_id, body)
     elif provider == "ses":
         message = verify_sns(body, config.fetch_cert or _fetch_cert)
+        _check_storable(message)
         if message["Type"] != "Notification":
             return WebhookResult(200, f"SNS {message['Type']} received; confirm the "
                                       "subscription by visiting its SubscribeURL")
@@ -94,14 +102,26 @@ _STANDARD_KINDS = {
 }
 
 
-def _json(body: bytes) -> dict[str, Any]:
+def _json(body: bytes | str, what: str = "body") -> dict[str, Any]:
+    """A verified payload as a JSON object every string of which the store can keep."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        raise WebhookRejected("body is not JSON") from None
+        raise WebhookMalformed(f"{what} is not JSON") from None
+    except RecursionError:
+        raise WebhookMalformed(f"{what} is JSON nested too deep to read") from None
     if not isinstance(data, dict):
-        raise WebhookRejected("body is not a JSON object")
+        raise WebhookMalformed(f"{what} is not a JSON object")
+    _check_storable(data, what)
     return data
+
+
+def _check_storable(data: dict[str, Any], what: str = "body") -> None:
+    """A NUL or a lone surrogate cannot be stored (PostgreSQL refuses NUL in text and jsonb;
+    a lone surrogate has no UTF-8 form); refused here rather than failing the write."""
+    problem = json_problem(data, max_depth=MAX_DEPTH)
+    if problem is not None:
+        raise WebhookMalformed(f"{what} cannot be stored: {problem}")
 
 
 def _parse_standard(provider: str, event_id: str, body: bytes) -> ProviderEvent | None:
@@ -126,9 +146,9 @@ def _parse_standard(provider: str, event_id: str, body: bytes) -> ProviderEvent 
 
 def _parse_ses(event_id: str, message_text: str) -> ProviderEvent | None:
     try:
-        message = json.loads(message_text)
-    except ValueError:
-        raise WebhookRejected("SNS Message is not an SES event") from None
+        message = _json(message_text, "SNS Message")
+    except WebhookMalformed as exc:
+        raise WebhookMalformed(f"{exc} (not an SES event)") from None
     kind_name = str(message.get("eventType") or message.get("notificationType") or "")
     mail = message.get("mail") or {}
     recipients = mail.get("destination") or []

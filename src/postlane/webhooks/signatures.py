@@ -6,7 +6,8 @@
 - Amazon SNS (SES events): RSA over a canonical string, with the certificate fetched from
   an ``sns.<region>.amazonaws.com`` URL and nowhere else.
 
-Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500).
+Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500);
+a genuine request whose payload cannot be read or stored raises ``WebhookMalformed`` (400).
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ DEFAULT_TOLERANCE_S = 300
 
 class WebhookRejected(PostlaneError):
     """The request is not a genuine, fresh event from the provider it claims to be from."""
+
+
+class WebhookMalformed(WebhookRejected):
+    """The request verified (or could not be verified because it is not JSON at all) but
+    its payload cannot be read or stored: not a JSON object, nested too deep, a NUL or a
+    lone surrogate in a string. Sending it again cannot help."""
 
 
 def _secret_key(secret: str) -> bytes:
@@ -124,6 +131,8 @@ def verify_sns(body: bytes, fetch_cert: CertFetcher,
         message = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise WebhookRejected("body is not JSON") from None
+    except RecursionError:
+        raise WebhookMalformed("body is JSON nested too deep to read") from None
     if not isinstance(message, dict):
         raise WebhookRejected("body is not an SNS message")
     for name in ("Signature", "SigningCertURL", "SignatureVersion", "Type", "MessageId"):

@@ -5,6 +5,11 @@ the breaker for the whole fleet when failures look provider-wide. Open: nobody c
 messages wait in ``pending`` with their attempts untouched. After the cool-down one worker
 wins a compare-and-set to ``half_open`` and sends one probe of a few deliveries: the first
 accepted closes the breaker; all of them failing re-opens it with a doubled cool-down.
+
+Account-level trouble (``OutcomeClass.ACCOUNT``: bad credentials, an unverified sender, no
+sender) opens it on the first such answer, with the provider's words as the cause and an
+``ALERT`` log line; the deliveries it touched went back to ``pending`` unspent (the policy),
+and the probes go on as for any other opening until an operator has fixed the account.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from postlane.core.breaker import (
     BreakerRecord,
     FailureWindow,
     abandoned,
+    account_trouble,
     opened,
     probing,
 )
@@ -43,6 +49,8 @@ class FleetBreaker:
         self.control: Control | None = None
         self._probe_token = False
         self._probe_ids: set[int] = set()
+        self._last_account: Outcome | None = None
+        """The account-level answer a probe met, for the re-opened record's cause."""
 
     @property
     def record(self) -> BreakerRecord | None:
@@ -97,13 +105,26 @@ class FleetBreaker:
         else:
             self._probe_token = True  # this lane had nothing; let another lane probe
 
+    def probe_unsent(self, delivery_id: int) -> None:
+        """A delivery of the probe settled without a provider's answer (unreadable,
+        expired, suppressed, or its adapter raised) says nothing about the provider; with
+        none of the probe answered, this worker probes again, instead of waiting forever
+        for an outcome that never comes."""
+        if delivery_id in self._probe_ids:
+            self._probe_ids.discard(delivery_id)
+            if not self._probe_ids:
+                self._probe_token = True
+
     async def observe(self, outcome: Outcome, decision: Decision,
                       delivery_id: int | None = None) -> None:
-        failed = (outcome.kind in (OutcomeClass.TRANSIENT, OutcomeClass.AMBIGUOUS)
+        account = outcome.kind is OutcomeClass.ACCOUNT
+        failed = (account or outcome.kind in (OutcomeClass.TRANSIENT, OutcomeClass.AMBIGUOUS)
                   or decision.state is State.DEAD)
         now = self.clock()
         if delivery_id is not None and delivery_id in self._probe_ids:
             self._probe_ids.discard(delivery_id)
+            if account:
+                self._last_account = outcome
             if not failed:
                 self._probe_ids.clear()  # the rest of the probe are stragglers now
                 await self._probe_finished(now, failed=False)
@@ -112,6 +133,9 @@ class FleetBreaker:
             return
         if self.control is not None:
             return  # already open or probing: outcomes of stragglers do not count
+        if account:
+            await self._open_for_account(now, outcome)
+            return
         self.window.record(now, failed)
         if self.window.should_open(now):
             reason = f"{self.config.min_failures}+ failures within {self.config.window_s:g}s"
@@ -128,14 +152,28 @@ class FleetBreaker:
         if record is None or self.control is None:
             return
         if failed:
+            account, self._last_account = self._last_account, None
+            reopened = (account_trouble(now, self.config, account.response,
+                                        account.retry_after_s, record)
+                        if account is not None else
+                        opened(now, self.config, "probe failed", record))
             await self.store.compare_and_set_control(
-                self.name, self.control.version,
-                opened(now, self.config, "probe failed", record).as_json(),
-            )
+                self.name, self.control.version, reopened.as_json())
             log.warning("breaker %s probe failed; open again for %.0fs", self.name,
                         min(self.config.max_cooldown_s, record.cooldown_s * 2))
         else:
+            self._last_account = None
             await self.store.set_control(self.name, None)
             self.window.clear()
             log.warning("breaker %s closed: probe succeeded", self.name)
+        await self._reload()
+
+    async def _open_for_account(self, now: float, outcome: Outcome) -> None:
+        """One account-level answer is enough: every send on the account would get it."""
+        record = account_trouble(now, self.config, outcome.response, outcome.retry_after_s)
+        if await self.store.compare_and_set_control(self.name, None, record.as_json()):
+            log.error("ALERT breaker %s opened: %s; claims stop, deliveries wait in pending "
+                      "with their attempts unspent until the account is fixed "
+                      "(docs/runbook/provider-account-trouble.md)", self.name, record.reason)
+        self.window.clear()
         await self._reload()

@@ -60,6 +60,7 @@ from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
 from postlane.worker.pacer import Pacer
+from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
 from postlane.worker.supervisor import supervise
 
@@ -345,10 +346,12 @@ class Worker:
         now = datetime.now(UTC)
         to_send = []
         for delivery in batch:
-            expired = expire_if_useless(delivery, now, config)
-            if expired is not None:
+            unsendable = (unreadable_decision(delivery)
+                          or expire_if_useless(delivery, now, config))
+            if unsendable is not None:
                 pending.pop(delivery.id)
-                self._report(delivery, expired, release=True)
+                self._report(delivery, unsendable, release=True)
+                self.breaker.probe_unsent(delivery.id)
             else:
                 to_send.append(delivery)
         suppressed = await self.store.suppressed_among(to_send)
@@ -360,6 +363,7 @@ class Worker:
                     State.SUPPRESSED, "suppressed", spend_attempt=False,
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
                 ), release=True)
+                self.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
         await self._send_in_groups(lane, config, to_send, pending)
 
@@ -443,6 +447,7 @@ class Worker:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)
             self._report(delivery, decision, release=True)
+            self.breaker.probe_unsent(delivery.id)
             return
         duration_ms = round((self.clock.monotonic() - started) * 1000, 2)
         decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,6 +20,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreError
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 CHANNEL = "postlane_enqueued"
 _COLS = ", ".join(DELIVERY_COLUMNS)
@@ -142,9 +144,67 @@ class PostgresBase(Store):
 _STATE_INDEX = DELIVERY_COLUMNS.index("state")
 
 
+_DECODERS = {"state": State}
+_HEADERS_INDEX = DELIVERY_COLUMNS.index("headers")
+_METADATA_INDEX = DELIVERY_COLUMNS.index("metadata")
+
+
 def _delivery(row: Sequence[Any]) -> Delivery:
     """DELIVERY_COLUMNS are in Delivery's field order (checked by a test), so a row maps
-    positionally; only the state needs converting."""
+    positionally; only the state needs converting. Headers that are not an object of text
+    (or metadata not an object) make it an ``UnreadableDelivery``."""
     values = list(row)
     values[_STATE_INDEX] = State(values[_STATE_INDEX])
+    try:
+        check_headers(values[_HEADERS_INDEX])
+        check_metadata(values[_METADATA_INDEX])
+    except ValueError as exc:
+        return read_columns(dict(zip(DELIVERY_COLUMNS, values, strict=True)), _DECODERS,
+                            exc)
     return Delivery(*values)
+
+
+async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
+    """Every row of ``cur`` (``DELIVERY_COLUMNS``) as a ``Delivery``. A row psycopg cannot
+    load (a time past year 9999: "timestamp too large") comes back as an
+    ``UnreadableDelivery`` instead of failing the rows fetched with it; the fast path, one
+    ``fetchall``, is taken whenever every row loads."""
+    try:
+        rows = await cur.fetchall()
+    except (psycopg.DataError, ValueError):  # ValueError: text that is not UTF-8
+        pass
+    else:
+        return [_delivery(row) for row in rows]
+    result = cur.pgresult
+    assert result is not None  # fetchall found one to fail on
+    deliveries: list[Delivery] = []
+    for number in range(result.ntuples):
+        await cur.scroll(number, mode="absolute")
+        try:
+            row = await cur.fetchone()
+        except (psycopg.DataError, ValueError) as exc:
+            deliveries.append(read_columns(_columns(cur, result, number), _DECODERS, exc))
+        else:
+            assert row is not None
+            deliveries.append(_delivery(row))
+    return deliveries
+
+
+def _columns(cur: psycopg.AsyncCursor[Any], result: pq.abc.PGresult,
+             number: int) -> dict[str, Any]:
+    """Row ``number`` loaded column by column, an exception in place of each that fails."""
+    values: dict[str, Any] = {}
+    for index, column in enumerate(DELIVERY_COLUMNS):
+        data = result.get_value(number, index)
+        if data is None:
+            values[column] = None
+            continue
+        oid, fmt = result.ftype(index), pq.Format(result.fformat(index))
+        loader = cur.adapters.get_loader(oid, fmt)
+        try:
+            if loader is None:
+                raise psycopg.DataError(f"no loader for type {oid}")
+            values[column] = loader(oid, cur).load(data)
+        except (psycopg.Error, ValueError) as exc:
+            values[column] = exc
+    return values

@@ -11,7 +11,7 @@ from typing import Any
 from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.store.base import Claim, RescueResult, Transition, bound_response
-from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _delivery
+from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _deliveries
 
 _CLAIM = f"""
 WITH picked AS (
@@ -152,8 +152,7 @@ class ClaimsMixin(PostgresBase):
         async with self._pool.connection() as conn:
             # Never prepared: a generic plan of this statement is ten times slower.
             cur = await conn.execute(_CLAIM, params, prepare=False)
-            rows = await cur.fetchall()
-        return [_delivery(row) for row in rows]
+            return await _deliveries(cur)
 
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
         return await self._ids(_START, owner, claims, {})
@@ -210,7 +209,7 @@ class ClaimsMixin(PostgresBase):
                 (None if lanes is None else list(lanes), None if lanes is None else list(lanes),
                  limit),
             )
-            return [_delivery(row) for row in await cur.fetchall()]
+            return await _deliveries(cur)
 
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
         async with self._pool.connection() as conn:

@@ -23,7 +23,7 @@ from postlane.store.base import (
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
-from postlane.store.postgres._base import _COLS, PostgresBase, _delivery
+from postlane.store.postgres._base import _COLS, PostgresBase, _deliveries
 
 _REPLAY = """
 WITH dl AS (
@@ -137,8 +137,8 @@ class OperatingMixin(PostgresBase):
             cur = await conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = %s", (id_or_key,)
             )
-            row = await cur.fetchone()
-        return _delivery(row) if row else None
+            found = await _deliveries(cur)
+        return found[0] if found else None
 
     async def timeline(self, delivery_id: int) -> list[Event]:
         async with self._pool.connection() as conn:
@@ -191,7 +191,7 @@ class OperatingMixin(PostgresBase):
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
-            return [_delivery(row) for row in await cur.fetchall()]
+            return await _deliveries(cur)
 
     async def stats(self) -> Stats:
         async with self._pool.connection() as conn:

@@ -20,6 +20,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreError
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
 
@@ -81,6 +82,23 @@ class SQLiteBase(Store):
         if self._conn is None:
             raise StoreError("store is not open; use `async with store:` or `await store.open()`")
         return self._conn
+
+    def _tolerating_bad_text(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` (in the store's thread). Text that is not UTF-8 (bytes another
+        program wrote into a delivery) makes sqlite3 fail the whole read, and with it a
+        whole claim, every time; then ``fn`` runs again (its transaction, if any, was rolled
+        back) reading such text as its decode error, which ``_read`` makes an
+        ``UnreadableDelivery`` and a dead-letter snapshot keeps with the bad bytes replaced."""
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as exc:
+            if "decode to UTF-8" not in str(exc):
+                raise
+        self.conn.text_factory = _text_or_error
+        try:
+            return fn(*args)
+        finally:
+            self.conn.text_factory = str
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -174,13 +192,49 @@ def _iso(value: float | None) -> str | None:
     return None if value is None else _dt(value).isoformat()
 
 
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    **{column: _opt_dt for column in _TIME_COLUMNS},
+    "run_at": _dt, "created_at": _dt, "updated_at": _dt,
+    "headers": json.loads, "metadata": json.loads, "state": State,
+}
+
+
 def _delivery(row: Sequence[Any]) -> Delivery:
+    """The row as a ``Delivery``, or, when it cannot be read, as an ``UnreadableDelivery``
+    (see ``postlane.store.unreadable``) rather than an error that fails its whole batch."""
+    try:
+        return _decode(row)
+    except Exception as exc:
+        return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, exc)
+
+
+def _text_or_error(data: bytes) -> str | UnicodeDecodeError:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        return exc
+
+
+def _read(conn: sqlite3.Connection, row: Sequence[Any]) -> Delivery:
+    """``_delivery``, also for a row read while tolerating bad text: a column that is not
+    UTF-8 makes it an ``UnreadableDelivery`` (see ``_tolerating_bad_text``)."""
+    if conn.text_factory is not str:
+        bad = next((v for v in row if isinstance(v, UnicodeDecodeError)), None)
+        if bad is not None:
+            return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, bad)
+    return _delivery(row)
+
+
+def _decode(row: Sequence[Any]) -> Delivery:
     v = dict(zip(DELIVERY_COLUMNS, row, strict=True))
+    headers, metadata = json.loads(v["headers"]), json.loads(v["metadata"])
+    check_headers(headers)
+    check_metadata(metadata)
     return Delivery(
         id=v["id"], key=v["idempotency_key"], lane=v["lane"], channel=v["channel"],
         recipient=v["recipient"], sender=v["sender"], subject=v["subject"],
-        text=v["text_body"], html=v["html_body"], headers=json.loads(v["headers"]),
-        metadata=json.loads(v["metadata"]), import_id=v["import_id"],
+        text=v["text_body"], html=v["html_body"], headers=headers,
+        metadata=metadata, import_id=v["import_id"],
         template_id=v["template_id"], template_version=v["template_version"],
         state=State(v["state"]), attempts=v["attempts"], claims=v["claims"],
         run_at=_dt(v["run_at"]), expires_at=_opt_dt(v["expires_at"]),

@@ -18,8 +18,8 @@ from postlane.store.sqlite._base import (
     _TIME_COLUMNS,
     NOW,
     SQLiteBase,
-    _delivery,
     _iso,
+    _read,
 )
 
 # -- the worker's path: one statement per batch, the batch as one JSON array -------------
@@ -98,10 +98,10 @@ class ClaimsMixin(SQLiteBase):
                      json.dumps({"owner": owner, "claim": r[DELIVERY_COLUMNS.index("claims")]}))
                     for r in rows
                 ])
-            deliveries = [_delivery(r) for r in rows]
+            deliveries = [_read(self.conn, r) for r in rows]
             deliveries.sort(key=lambda d: (d.run_at, d.id))
             return deliveries
-        return await self._run(_claim)
+        return await self._run(self._tolerating_bad_text, _claim)
 
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
                      extra: dict[str, Any]) -> set[int]:
@@ -130,12 +130,14 @@ class ClaimsMixin(SQLiteBase):
     ) -> set[int]:
         if not transitions:
             return set()
-        return await self._run(self._set_state_many, owner, transitions)
+        return await self._run(self._tolerating_bad_text, self._set_state_many, owner,
+                               transitions)
 
     async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
         if not transitions:
             return set()
-        return await self._run(self._set_state_many, None, transitions)
+        return await self._run(self._tolerating_bad_text, self._set_state_many, None,
+                               transitions)
 
     async def list_ambiguous(
         self, limit: int = 100, lanes: Sequence[str] | None = None
@@ -147,8 +149,8 @@ class ClaimsMixin(SQLiteBase):
                 "ORDER BY updated_at, id LIMIT :limit",
                 {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit},
             ).fetchall()
-            return [_delivery(r) for r in rows]
-        return await self._run(_list)
+            return [_read(self.conn, r) for r in rows]
+        return await self._run(self._tolerating_bad_text, _list)
 
     def _set_state_many(
         self, owner: str | None, transitions: Sequence[Transition]
@@ -177,11 +179,7 @@ class ClaimsMixin(SQLiteBase):
     def _write_dead_letter(self, conn: sqlite3.Connection, row: Sequence[Any],
                            reason: str) -> None:
         values = dict(zip(DELIVERY_COLUMNS, row, strict=True))
-        snapshot = {
-            k: (_iso(v) if k in _TIME_COLUMNS else v) for k, v in values.items()
-        }
-        snapshot["headers"] = json.loads(values["headers"])
-        snapshot["metadata"] = json.loads(values["metadata"])
+        snapshot = {k: _kept(k, v) for k, v in values.items()}
         history = [
             {**json.loads(data), "at": _iso(at)}
             for data, at in conn.execute(
@@ -241,3 +239,19 @@ class ClaimsMixin(SQLiteBase):
                     ))
             return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
         return await self._run(_rescue)
+
+
+def _kept(column: str, value: Any) -> Any:
+    """A column as a dead-letter snapshot keeps it. One that cannot be read (a poison
+    row's time past year 9999, its broken JSON) is kept as stored: its entry is written
+    all the same, and the acknowledgements written with it are not held up."""
+    try:
+        if isinstance(value, UnicodeDecodeError):  # read while tolerating bad text
+            return value.object.decode(errors="replace")
+        if column in _TIME_COLUMNS:
+            return _iso(value)
+        if column in ("headers", "metadata"):
+            return json.loads(value)
+    except (ValueError, TypeError, OverflowError):
+        return value
+    return value

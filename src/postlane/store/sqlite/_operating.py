@@ -26,9 +26,9 @@ from postlane.store.sqlite._base import (
     _INSERT_EVENT,
     NOW,
     SQLiteBase,
-    _delivery,
     _dt,
     _opt_dt,
+    _read,
 )
 
 
@@ -84,8 +84,8 @@ class OperatingMixin(SQLiteBase):
             row = self.conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = ?", (id_or_key,)
             ).fetchone()
-            return _delivery(row) if row else None
-        return await self._run(_get)
+            return _read(self.conn, row) if row else None
+        return await self._run(self._tolerating_bad_text, _get)
 
     async def timeline(self, delivery_id: int) -> list[Event]:
         def _timeline() -> list[Event]:
@@ -177,8 +177,8 @@ class OperatingMixin(SQLiteBase):
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
             ).fetchall()
-            return [_delivery(r) for r in rows]
-        return await self._run(_find)
+            return [_read(self.conn, r) for r in rows]
+        return await self._run(self._tolerating_bad_text, _find)
 
     async def stats(self) -> Stats:
         def _stats() -> Stats:
