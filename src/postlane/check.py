@@ -29,24 +29,25 @@ import contextlib
 import math
 import os
 import sqlite3
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import urlsplit
-
-import psycopg
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
-from postlane.errors import ConfigurationError, PostlaneError
+from postlane.errors import ConfigurationError, MissingExtra, PostlaneError
+from postlane.extras import requires
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.registry import open_provider
-from postlane.store import open_store, redact_url
+from postlane.store import open_store, plain_url, redact_url
 from postlane.store.migrations import MIGRATIONS_TABLE, load
+
+if TYPE_CHECKING:
+    import psycopg
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -164,10 +165,11 @@ async def _nothing() -> list[Finding]:
 # -- database ----------------------------------------------------------------------------
 async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Finding]:
     """Reachable, and fully migrated (naming the pending migrations and the command)."""
+    url = plain_url(url)
     shown = safe_redact(url)
     try:
         scheme = urlsplit(url).scheme
-        if scheme not in ("sqlite", "postgresql", "postgres"):
+        if scheme not in ("sqlite", "postgresql"):
             open_store(url)  # raises the store's own explanation
     except (ConfigurationError, ValueError) as exc:
         return [Finding("database", "fail", f"the database URL is not usable: {exc}",
@@ -179,11 +181,13 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     if reached.failed or applied is None:
         return [reached]
     findings = [reached]
+    failures: tuple[type[Exception], ...] = (
+        PostlaneError, sqlite3.Error, TimeoutError, *_loaded_psycopg_error())
     try:
         async with asyncio.timeout(timeout_s * 2):
             async with open_store(url, pool_size=1) as store:
                 pending = await store.pending_migrations()
-    except (PostlaneError, psycopg.Error, sqlite3.Error, TimeoutError) as exc:
+    except failures as exc:
         findings.append(Finding("migrations", "fail",
                                 f"could not read the schema version: {_one_line(exc)}"))
         return findings
@@ -214,8 +218,19 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     return findings
 
 
+def _loaded_psycopg_error() -> tuple[type[Exception], ...]:
+    """psycopg's base error when psycopg is loaded (when it is not, none can arise)."""
+    psycopg = sys.modules.get("psycopg")
+    return (psycopg.Error,) if psycopg is not None else ()
+
+
 async def _postgres_applied(url: str, timeout_s: float) -> tuple[Finding, set[int] | None]:
     where = _pg_where(url)
+    try:
+        with requires("postgres", "a PostgreSQL database"):
+            import psycopg
+    except MissingExtra as exc:
+        return Finding("database", "fail", str(exc)), None
     try:
         async with asyncio.timeout(timeout_s + 1):
             conn = await psycopg.AsyncConnection.connect(
@@ -323,8 +338,11 @@ async def check_limiter(
                                 "set --rate (POSTLANE_RATE) to the provider account's ceiling"))
     try:
         limiter = open_limiter(url, rate=ceiling or 1.0, account=account or "default")
-    except ConfigurationError as exc:
+    except (ConfigurationError, MissingExtra) as exc:
         return [*findings, Finding("limiter", "fail", str(exc))]
+    from redis.asyncio import Redis  # open_limiter has imported it: redis:// works
+    from redis.exceptions import RedisError
+
     try:
         client = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     except ValueError as exc:

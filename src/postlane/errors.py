@@ -16,6 +16,7 @@
     │   └── MissingSender         no sender on the message nor on the provider: the
     │                             adapter answers an account-level outcome, not a dead letter
     ├── ConfigurationError        a bad URL, option or lane table
+    ├── MissingExtra              a feature needs an optional package: pip install 'postlane[x]'
     ├── StoreError                the database said no in a way Postlane does not expect
     │   └── MigrationRequired     the schema is older than this version of Postlane
     ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
@@ -81,6 +82,16 @@ class ConfigurationError(PostlaneError, ValueError):
     """A URL, option or setting cannot be used as given."""
 
 
+class MissingExtra(PostlaneError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra that installs it. (An ``ImportError`` too, so code that tolerates a missing optional
+    package keeps working.)"""
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
 class StoreError(PostlaneError):
     """The store failed in a way the caller cannot fix by changing its input."""
 
@@ -90,7 +101,8 @@ class MigrationRequired(StoreError):
 
 
 class UnsupportedConnection(PostlaneError, TypeError):
-    """``enqueue`` accepts psycopg 3, sqlite3 and SQLAlchemy connections only."""
+    """``enqueue`` was handed an object it cannot write through, or a sync connection was
+    handed to ``enqueue_async`` (or the reverse); see ``postlane.store.connections``."""
 
 
 class ReplayRefused(PostlaneError):

@@ -6,20 +6,18 @@ The application's business write and its send intent commit together or not at a
         conn.execute("INSERT INTO users ...")
         postlane.enqueue(conn, Message(key=f"welcome:{user_id}", to=email, ...))
 
-Nothing here commits: the caller's commit (or rollback) decides.
+Nothing here commits: the caller's commit (or rollback) decides. Only the caller's driver
+is imported: enqueueing through ``sqlite3`` loads neither psycopg nor anything else optional.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import Limits, validate
-from postlane.errors import UnsupportedConnection
-from postlane.store import postgres as pg
-from postlane.store import sqlite as sq
+from postlane.store.connections import async_writer, sync_writer
 
 DEFAULT_LIMITS = Limits()
 
@@ -27,55 +25,33 @@ DEFAULT_LIMITS = Limits()
 def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> EnqueueResult:
     """Write ``message`` through ``conn`` in its current transaction; do not commit.
 
-    ``conn`` is a ``sqlite3.Connection``, a ``psycopg.Connection``, or a SQLAlchemy
-    ``Connection`` or ``Session`` over either. For ``psycopg.AsyncConnection`` use
+    ``conn`` is a ``sqlite3``, psycopg 3 or psycopg2 connection, a SQLAlchemy
+    ``Connection``, ``Session`` or ``scoped_session`` (Flask-SQLAlchemy's ``db.session``)
+    over one of them, or Django's ``django.db.connection``. For async connections use
     ``enqueue_async``. Enqueueing an existing key returns the existing delivery's id with
     ``created=False`` and writes nothing.
     """
     validate(message, limits)
-    raw = _driver_connection(conn)
-    if isinstance(raw, sqlite3.Connection):
-        return sq.insert_one(raw, message)
-    import psycopg
-
-    if isinstance(raw, psycopg.Connection):
-        return pg.enqueue_on_sync_connection(raw, message)
-    if isinstance(raw, psycopg.AsyncConnection):
-        raise UnsupportedConnection("an async psycopg connection needs `await enqueue_async(...)`")
-    raise UnsupportedConnection(
-        f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}; pass a "
-        "sqlite3, psycopg 3 or SQLAlchemy connection"
-    )
+    return sync_writer(conn).insert_one(message)
 
 
 def enqueue_many(
     conn: Any, messages: Sequence[Message], *, limits: Limits = DEFAULT_LIMITS
 ) -> list[EnqueueResult]:
-    """The bulk form of ``enqueue`` (COPY on PostgreSQL); every message is validated first."""
+    """The bulk form of ``enqueue``; every message is validated first."""
     for message in messages:
         validate(message, limits)
-    raw = _driver_connection(conn)
-    if isinstance(raw, sqlite3.Connection):
-        return sq.insert_many(raw, messages)
-    import psycopg
-
-    if isinstance(raw, psycopg.Connection):
-        return pg.enqueue_many_on_sync_connection(raw, messages)
-    raise UnsupportedConnection(
-        f"cannot enqueue through {type(conn).__module__}.{type(conn).__name__}"
-    )
+    return sync_writer(conn).insert_many(messages)
 
 
 async def enqueue_async(
     conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS
 ) -> EnqueueResult:
-    """``enqueue`` for a ``psycopg.AsyncConnection`` in the caller's transaction."""
+    """``enqueue`` through an async connection, in its transaction: a psycopg 3
+    ``AsyncConnection``, an asyncpg connection, or SQLAlchemy's ``AsyncConnection`` /
+    ``AsyncSession`` over either."""
     validate(message, limits)
-    import psycopg
-
-    if not isinstance(conn, psycopg.AsyncConnection):
-        raise UnsupportedConnection("enqueue_async takes a psycopg.AsyncConnection")
-    return await pg.enqueue_on_connection(conn, message)
+    return await (await async_writer(conn)).insert_one(message)
 
 
 async def enqueue_many_async(
@@ -83,17 +59,4 @@ async def enqueue_many_async(
 ) -> list[EnqueueResult]:
     for message in messages:
         validate(message, limits)
-    import psycopg
-
-    if not isinstance(conn, psycopg.AsyncConnection):
-        raise UnsupportedConnection("enqueue_many_async takes a psycopg.AsyncConnection")
-    return await pg.enqueue_many_on_connection(conn, messages)
-
-
-def _driver_connection(conn: Any) -> Any:
-    """Unwrap SQLAlchemy to the DB-API connection it drives, inside its transaction."""
-    module = type(conn).__module__
-    if module.startswith("sqlalchemy"):
-        connection = conn.connection() if hasattr(conn, "get_bind") else conn  # Session
-        return connection.connection.driver_connection
-    return conn
+    return await (await async_writer(conn)).insert_many(messages)

@@ -28,7 +28,6 @@ dead letters) can be deprecated (no new enqueues) but not deleted.
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,7 +49,6 @@ from postlane.errors import (
     TemplateError,
     TemplateInUse,
     UnknownTemplate,
-    UnsupportedConnection,
 )
 from postlane.store.base import Store, TemplateVersion
 
@@ -298,28 +296,13 @@ def render_message_in_transaction(
     conn: Any, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     version: int | None = None, **fields: Any,
 ) -> Message:
-    """``render_message`` through the caller's connection and transaction (``sqlite3``,
-    ``psycopg.Connection`` or SQLAlchemy over either). On PostgreSQL the template row stays
-    share-locked until that transaction ends, so it cannot be deleted or deprecated between
-    this render and the caller's commit."""
-    from postlane.outbox import _driver_connection
+    """``render_message`` through the caller's connection and transaction (any that
+    ``postlane.enqueue`` takes, see ``postlane.store.connections``). On PostgreSQL the
+    template row stays share-locked until that transaction ends, so it cannot be deleted or
+    deprecated between this render and the caller's commit."""
+    from postlane.store.connections import sync_writer
 
-    raw = _driver_connection(conn)
-    if isinstance(raw, sqlite3.Connection):
-        from postlane.store.sqlite import SQLiteStore
-
-        found = SQLiteStore.template_on_connection(raw, name, version)
-    else:
-        import psycopg
-
-        if not isinstance(raw, psycopg.Connection):
-            raise UnsupportedConnection(
-                f"cannot read templates through {type(conn).__module__}.{type(conn).__name__}"
-                "; pass a sqlite3, psycopg 3 or SQLAlchemy connection (async psycopg: "
-                "render_message_in_transaction_async)")
-        from postlane.store.postgres import PostgresStore
-
-        found = PostgresStore.template_on_sync_connection(raw, name, version)
+    found = sync_writer(conn).template(name, version)
     template = require_usable(found, name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
@@ -338,15 +321,12 @@ async def render_message_in_transaction_async(
     conn: Any, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     version: int | None = None, **fields: Any,
 ) -> Message:
-    """``render_message_in_transaction`` for a ``psycopg.AsyncConnection``."""
-    import psycopg
+    """``render_message_in_transaction`` for an async connection (psycopg 3, asyncpg, or
+    SQLAlchemy's async forms over either)."""
+    from postlane.store.connections import async_writer
 
-    if not isinstance(conn, psycopg.AsyncConnection):
-        raise UnsupportedConnection("this form takes a psycopg.AsyncConnection")
-    from postlane.store.postgres import PostgresStore
-
-    template = require_usable(await PostgresStore.template_on_connection(conn, name, version),
-                       name, version)
+    found = await (await async_writer(conn)).template(name, version)
+    template = require_usable(found, name, version)
     return compile_template(template).message(variables, key=key, to=to, **fields)
 
 

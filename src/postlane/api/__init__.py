@@ -17,7 +17,10 @@ __all__ = ["create_app"]
 
 def __getattr__(name: str) -> Any:
     if name == "create_app":
-        from postlane.api.app import create_app
+        from postlane.extras import requires
+
+        with requires("server", "the HTTP API"):
+            from postlane.api.app import create_app
 
         return create_app
     raise AttributeError(f"module 'postlane.api' has no attribute {name!r}")

@@ -179,9 +179,11 @@ def _database_errors() -> tuple[type[Exception], ...]:
     """Errors meaning the database is down or overloaded (not a bug): answered with 503."""
     import sqlite3
 
-    import psycopg
-    from psycopg_pool import PoolTimeout
-
+    try:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # a server on SQLite need not install postlane[postgres]
+        return (sqlite3.OperationalError,)
     return (psycopg.OperationalError, PoolTimeout, sqlite3.OperationalError)
 
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -47,8 +51,25 @@ def demo(
     from postlane.demo import DemoResult
 
     assert isinstance(result, DemoResult)
-    print_summary(result, console, db)
+    print_summary(result, console, db, command=invoked_as(),
+                  timeline_key="reset:3" if interactive > 3 else "digest:2026-11:0")
     if as_json:
         print(json.dumps(result.as_json()))
     if not result.ok:
         raise typer.Exit(1)
+
+
+def invoked_as() -> str:
+    """How the shell that ran this runs postlane again: ``postlane`` when that name finds
+    this program, else the path it was started by (``.venv/bin/postlane`` when the venv is
+    not activated, as after the README's first command)."""
+    started = sys.argv[0]
+    if Path(started).name != "postlane":
+        return "postlane"  # not the console script (python -c, a test runner)
+    found = shutil.which("postlane")
+    try:
+        if found and os.path.samefile(found, started):
+            return "postlane"
+    except OSError:
+        pass
+    return shlex.quote(started)

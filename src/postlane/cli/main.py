@@ -9,7 +9,7 @@ import tomllib
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -18,7 +18,7 @@ from rich.table import Table
 
 from postlane.cli.durations import duration_option
 from postlane.core.message import Delivery, Message
-from postlane.errors import PostlaneError
+from postlane.errors import MissingExtra, PostlaneError
 from postlane.status import breaker_reason, fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url, open_store
 from postlane.store.migrations import ensure_migrated
@@ -92,8 +92,13 @@ def run_async(coro: Awaitable[T]) -> T:
     try:
         return asyncio.run(_await())
     except PostlaneError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        fail(exc)
+
+
+def fail(exc: PostlaneError) -> NoReturn:
+    """A Postlane error as one line on stderr (escaped: ``postlane[ses]`` is not markup)."""
+    err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+    raise typer.Exit(1) from None
 
 
 def run_with_store(
@@ -256,4 +261,8 @@ _register()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except MissingExtra as exc:  # raised outside run_async: opening a provider or limiter
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise SystemExit(1) from None

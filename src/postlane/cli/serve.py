@@ -10,6 +10,7 @@ import typer
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import parse_lane_shares
 from postlane.errors import ConfigurationError
+from postlane.extras import requires
 
 
 def serve(
@@ -38,9 +39,10 @@ def serve(
     API keys: `postlane apikey create --scopes send,read,operate`. Dashboard sessions are
     signed with $POSTLANE_SESSION_SECRET (set it when several servers share an address).
     """
-    import uvicorn
+    with requires("server", "postlane serve"):
+        import uvicorn
 
-    from postlane.api import create_app
+        from postlane.api import create_app
 
     try:
         names = [lane.name for lane in parse_lane_shares(lanes)] if lanes else None

@@ -74,8 +74,9 @@ def worker(
         help="Lease per claim, renewed while sending.")] = "30s",  # type: ignore[assignment]
     attempt_timeout: Annotated[str | None, lane_durations_option(
         envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
-        help="Longest wait for the provider's answer, per lane (interactive=3s,bulk=10s) or "
-             "one duration for every lane; past it the attempt is ambiguous "
+        help="Hard bound on one send, per lane (interactive=3s,bulk=10s) or one duration for "
+             "every lane; cut off there, it is transient if the request had not yet left "
+             "(see docs/providers.md, phases), else ambiguous "
              "[default: interactive 3s, bulk 10s].")] = None,
     retry_base: Annotated[str | None, lane_durations_option(
         envvar="POSTLANE_RETRY_BASE", show_envvar=True,

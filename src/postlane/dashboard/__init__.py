@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
-from postlane.dashboard.views import mount
+from postlane.extras import requires
+
+with requires("server", "the dashboard"):
+    from postlane.dashboard.views import mount
 
 __all__ = ["mount"]

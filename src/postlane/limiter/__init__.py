@@ -6,12 +6,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from postlane.errors import ConfigurationError
 from postlane.limiter.base import MAX_BATCH, RateLimiter, Reservation
 from postlane.limiter.memory import MemoryLimiter
-from postlane.limiter.redis import RedisLimiter
+
+if TYPE_CHECKING:
+    from postlane.limiter.redis import RedisLimiter
 
 __all__ = [
     "MAX_BATCH",
@@ -23,6 +26,15 @@ __all__ = [
 ]
 
 _REDIS_SCHEMES = ("redis", "rediss")
+
+
+def __getattr__(name: str) -> Any:
+    """``RedisLimiter`` is imported on first use: redis is an extra (``postlane[redis]``)."""
+    if name == "RedisLimiter":
+        from postlane.limiter.redis import RedisLimiter
+
+        return RedisLimiter
+    raise AttributeError(f"module 'postlane.limiter' has no attribute {name!r}")
 
 
 def open_limiter(
@@ -57,6 +69,8 @@ def open_limiter(
             raise ConfigurationError(
                 f"limiter URL {_redact(url)!r} has no host; expected redis://host:port/db"
             )
+        from postlane.limiter.redis import RedisLimiter
+
         return RedisLimiter.from_url(url, rate=rate, burst=burst, account=account)
     raise ConfigurationError(
         f"unsupported limiter URL {_redact(url)!r}: use memory:// (one process) or "

@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from redis.asyncio import Redis
-
 from postlane.errors import ConfigurationError
+from postlane.extras import requires
 from postlane.limiter.base import RateLimiter, Reservation, check_gate_args, check_reserve_args
+
+with requires("redis", "the Redis limiter (redis://)"):
+    from redis.asyncio import Redis
 
 _US = 1_000_000
 MAX_RATE = float(_US)

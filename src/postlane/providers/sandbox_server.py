@@ -28,12 +28,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-
+from postlane.extras import requires
 from postlane.providers.sandbox import SandboxConfig, SandboxEngine
 from postlane.providers.sandbox_events import SandboxEvents, http_sender
+
+with requires("server", "the HTTP sandbox (postlane sandbox)"):
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
 
 log = logging.getLogger("postlane.sandbox")
 

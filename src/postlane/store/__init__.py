@@ -22,20 +22,25 @@ __all__ = [
     "Transition",
     "database_url",
     "open_store",
+    "plain_url",
     "redact_url",
 ]
 
 
 def database_url(explicit: str | None = None) -> str:
-    """``explicit``, else ``$POSTLANE_DATABASE_URL``, else a SQLite file in the working dir."""
-    return explicit or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL
+    """``explicit``, else ``$POSTLANE_DATABASE_URL``, else a SQLite file in the working dir;
+    SQLAlchemy's spellings made plain (see :func:`plain_url`)."""
+    return plain_url(explicit or os.environ.get(DATABASE_URL_ENV) or DEFAULT_DATABASE_URL)
 
 
 def open_store(url: str, *, limits: Limits | None = None, pool_size: int = 4) -> Store:
     """A store for ``sqlite:///path`` (``sqlite:////abs/path``) or ``postgresql://...``.
 
-    The store is not connected yet: use ``async with open_store(url) as store``.
+    URLs written for SQLAlchemy work as they are (``postgresql+psycopg://``,
+    ``postgres://``, ``sqlite+pysqlite:///``): the driver part is dropped, since each engine
+    has one driver. The store is not connected yet: use ``async with open_store(url)``.
     """
+    url = plain_url(url)
     scheme = urlsplit(url).scheme
     if scheme == "sqlite":
         from postlane.store.sqlite import SQLiteStore
@@ -47,7 +52,7 @@ def open_store(url: str, *, limits: Limits | None = None, pool_size: int = 4) ->
                 f"(got {redact_url(url)!r})"
             )
         return SQLiteStore(path, limits=limits)
-    if scheme in ("postgresql", "postgres"):
+    if scheme == "postgresql":
         from postlane.store.postgres import PostgresStore
 
         return PostgresStore(url, limits=limits, max_size=pool_size)
@@ -55,6 +60,17 @@ def open_store(url: str, *, limits: Limits | None = None, pool_size: int = 4) ->
         f"unsupported database URL scheme {scheme!r} in {redact_url(url)!r} "
         "(use sqlite:///path or postgresql://...)"
     )
+
+
+def plain_url(url: str) -> str:
+    """``url`` with a SQLAlchemy driver suffix dropped (``postgresql+psycopg2://`` to
+    ``postgresql://``) and ``postgres://`` (Heroku's spelling) as ``postgresql://``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    engine = scheme.split("+", 1)[0].lower()
+    engine = {"postgres": "postgresql"}.get(engine, engine)
+    return f"{engine}://{rest}" if engine in ("postgresql", "sqlite") else url
 
 
 def redact_url(url: str) -> str:

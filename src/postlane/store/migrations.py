@@ -40,6 +40,16 @@ def load(engine: str) -> list[Migration]:
     return found
 
 
+def not_migrated() -> Exception:
+    """The error for a statement that found no Postlane table: the database was never
+    migrated (a driver's "no such table" says nothing about what to do)."""
+    from postlane.errors import MigrationRequired
+
+    return MigrationRequired(
+        "this database has no Postlane tables; run `postlane --db URL migrate` first"
+    )
+
+
 def ensure_migrated(pending: list[str]) -> None:
     """Refuse to run against a schema that is behind this Postlane."""
     if pending:

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from postlane.errors import PostlaneError
+from postlane.extras import requires
 
 DEFAULT_TOLERANCE_S = 300
 
@@ -122,10 +123,11 @@ def check_cert_url(url: str, allowed_hosts: re.Pattern[str] = _SNS_HOST) -> None
 def verify_sns(body: bytes, fetch_cert: CertFetcher,
                allowed_hosts: re.Pattern[str] = _SNS_HOST) -> dict[str, Any]:
     """Verify an SNS message; returns it parsed."""
-    from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import padding, rsa
+    with requires("server", "verifying SES (SNS) webhook signatures"):
+        from cryptography import x509
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
     try:
         message = json.loads(body)

@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import (
     Decision,
     ProviderTraits,
@@ -55,6 +55,7 @@ from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
 from postlane.store.base import Claim, Store, Transition
 from postlane.worker.acker import Acker
+from postlane.worker.attempt import Attempt
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
@@ -430,19 +431,18 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
-        timeout_s = lane.attempt_timeout_s or self.config.attempt_timeout_s
         started = self.clock.monotonic()
+        # A hard deadline, the lane's own, classified by the phase the send reached
+        # (worker/attempt.py).
+        attempt = Attempt(self.provider, delivery,
+                          lane.attempt_timeout_s or self.config.attempt_timeout_s,
+                          limiter=self.limiter)
         try:
-            async with asyncio.timeout(timeout_s):
-                outcome = await self.provider.send(delivery)
-        except TimeoutError:
-            outcome = Outcome.ambiguous(
-                f"no answer within {timeout_s:g}s after the request left"
-            )
+            outcome = await attempt.run()
         except asyncio.CancelledError:
             if not self._shutting_down:
                 raise
-            outcome = Outcome.ambiguous("cancelled at shutdown while in flight")
+            outcome = attempt.stopped("cancelled at shutdown while in flight")
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)

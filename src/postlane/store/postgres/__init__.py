@@ -6,18 +6,21 @@ state, lease owner and claim number; lease times come from the database clock (`
 
 from __future__ import annotations
 
-from postlane.store.postgres._claims import ClaimsMixin
-from postlane.store.postgres._http_api import HttpApiMixin
-from postlane.store.postgres._operating import OperatingMixin
-from postlane.store.postgres._producing import (
-    ProducingMixin,
-    enqueue_many_on_connection,
-    enqueue_many_on_sync_connection,
-    enqueue_on_connection,
-    enqueue_on_sync_connection,
-)
-from postlane.store.postgres._provider_events import ProviderEventsMixin
-from postlane.store.postgres._templates import TemplatesMixin
+from postlane.extras import requires
+
+with requires("postgres", "a PostgreSQL database"):
+    from postlane.store.postgres._claims import ClaimsMixin
+    from postlane.store.postgres._http_api import HttpApiMixin
+    from postlane.store.postgres._operating import OperatingMixin
+    from postlane.store.postgres._producing import (
+        ProducingMixin,
+        enqueue_many_on_connection,
+        enqueue_many_on_sync_connection,
+        enqueue_on_connection,
+        enqueue_on_sync_connection,
+    )
+    from postlane.store.postgres._provider_events import ProviderEventsMixin
+    from postlane.store.postgres._templates import TemplatesMixin
 
 __all__ = [
     "PostgresStore",

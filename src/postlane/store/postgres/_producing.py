@@ -4,7 +4,7 @@ transaction a caller's connection is in (the outbox)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.base import enqueue_results, json_text
+from postlane.store.migrations import not_migrated
 from postlane.store.postgres._base import PostgresBase
 
 _INSERT_COLS = (
@@ -122,6 +123,22 @@ def _row(id_: int, m: Message, now: datetime) -> tuple[Any, ...]:
     )
 
 
+@contextlib.contextmanager
+def migrated() -> Iterator[None]:
+    """Turn ``UndefinedTable`` from an unmigrated database into ``MigrationRequired``."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise not_migrated() from exc
+
+
+@contextlib.asynccontextmanager
+async def migrated_async() -> AsyncIterator[None]:
+    """``migrated`` for a coroutine function."""
+    with migrated():
+        yield
+
+
 class ProducingMixin(PostgresBase):
     # -- producing -------------------------------------------------------------------------
     async def enqueue(self, message: Message) -> EnqueueResult:
@@ -142,6 +159,7 @@ class ProducingMixin(PostgresBase):
         return results
 
 
+@migrated_async()
 async def enqueue_on_connection(
     conn: psycopg.AsyncConnection[Any], message: Message
 ) -> EnqueueResult:
@@ -163,6 +181,7 @@ async def enqueue_on_connection(
     )
 
 
+@migrated_async()
 async def enqueue_many_on_connection(
     conn: psycopg.AsyncConnection[Any], messages: Sequence[Message]
 ) -> list[EnqueueResult]:
@@ -244,6 +263,7 @@ async def _insert_or_find(
 
 
 # -- the same for a synchronous psycopg connection (the outbox's ``enqueue``) ------------------
+@migrated()
 def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message) -> EnqueueResult:
     """``enqueue_on_connection`` for a synchronous psycopg connection."""
     with conn.cursor() as cur:
@@ -262,6 +282,7 @@ def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message) 
     )
 
 
+@migrated()
 def enqueue_many_on_sync_connection(
     conn: psycopg.Connection[Any], messages: Sequence[Message]
 ) -> list[EnqueueResult]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.base import enqueue_results, json_text
+from postlane.store.migrations import not_migrated
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
 
 INSERT_ONE = f"""
@@ -47,6 +49,18 @@ def message_params(message: Message) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def migrated() -> Iterator[None]:
+    """Turn "no such table" from an unmigrated database into ``MigrationRequired``."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "no such table: postlane_" in str(exc):
+            raise not_migrated() from exc
+        raise
+
+
+@migrated()
 def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
     """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox)."""
     row = conn.execute(INSERT_ONE, message_params(message)).fetchone()
@@ -93,6 +107,7 @@ def _batch_row(m: Message) -> tuple[Any, ...]:
     )
 
 
+@migrated()
 def insert_many(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[EnqueueResult]:
     """Insert-or-find a batch in whatever transaction ``conn`` is in: one INSERT for the
     rows, one for their events, one look-up for the keys that existed already."""

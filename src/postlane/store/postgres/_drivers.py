@@ -1,0 +1,184 @@
+"""The outbox on the PostgreSQL drivers other than psycopg 3: psycopg2 (sync) and asyncpg
+(async). They run the psycopg 3 path's statements (``INSERT_ONE``, the key look-ups, the
+template read), so the guarantees are the same: inside the caller's transaction, never a
+commit, an existing key returns the existing delivery. Only the binding differs: psycopg2
+takes the same ``%(name)s`` parameters, asyncpg numbered ``$n`` ones (``numbered``).
+
+A batch is one ``INSERT ... SELECT FROM unnest(...)`` (neither driver has psycopg 3's COPY
+of Python rows), with ids reserved in input order and the rows written in key order, as the
+psycopg 3 bulk forms do and for the same reason: two batches sharing keys never wait for
+each other in a cycle. Neither driver is a dependency: they are imported by the caller.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import cache
+from typing import Any
+
+from postlane.core.message import EnqueueResult, Message
+from postlane.errors import StoreError
+from postlane.store.base import TemplateVersion, enqueue_results, json_text
+from postlane.store.postgres._producing import (
+    _RESERVE_IDS,
+    _ROW_COLS,
+    _SELECT_IDS_BY_KEYS,
+    INSERT_ONE,
+    SELECT_ID_BY_KEY,
+    _first_by_key,
+)
+from postlane.store.postgres._templates import TemplatesMixin
+
+# The batch as parallel arrays, one per column; the JSON columns travel as text.
+_UNNEST_COLUMNS = (
+    ("id", "bigint"), ("key", "text"), ("lane", "text"), ("channel", "text"),
+    ("recipient", "text"), ("sender", "text"), ("subject", "text"), ("text", "text"),
+    ("html", "text"), ("headers", "text"), ("metadata", "text"), ("import_id", "text"),
+    ("template_id", "text"), ("template_version", "int"), ("delay_s", "float8"),
+    ("expires_at", "timestamptz"), ("expires_in_s", "float8"),
+)
+INSERT_UNNEST = f"""
+WITH ins AS (
+    INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE
+    SELECT r.id, r.key, r.lane, r.channel, r.recipient, r.sender, r.subject, r.text,
+           r.html, r.headers::jsonb, r.metadata::jsonb, r.import_id, r.template_id,
+           r.template_version, now() + make_interval(secs => r.delay_s),
+           COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
+    FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _UNNEST_COLUMNS)})
+         AS r({", ".join(name for name, _ in _UNNEST_COLUMNS)})
+    ORDER BY r.key COLLATE "C"
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state)
+    SELECT id, 'enqueued', 'pending' FROM ins
+)
+SELECT id, idempotency_key FROM ins
+"""
+_NOT_VISIBLE = ("key {key!r} conflicts with a row this transaction cannot see (is it "
+                "REPEATABLE READ or SERIALIZABLE?); retry the transaction")
+_PARAMETER = re.compile(r"%\((\w+)\)s|%s")
+
+
+@cache
+def numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its ``%(name)s`` (or ``%s``) parameters as asyncpg's ``$1, $2...``,
+    and the names in that order (a name used twice is bound once)."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match[1] or str(len(names))
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+    return _PARAMETER.sub(number, sql), tuple(names)
+
+
+def _params(message: Message) -> dict[str, Any]:
+    """``INSERT_ONE``'s parameters with the JSON columns as text (both drivers send text
+    into a jsonb parameter; psycopg 3's are ``Jsonb`` wrappers)."""
+    m = message
+    return {
+        "key": m.key, "lane": m.lane, "channel": m.channel, "recipient": m.to,
+        "sender": m.sender, "subject": m.subject, "text": m.text, "html": m.html,
+        "headers": json_text(m.headers), "metadata": json_text(m.metadata),
+        "import_id": m.import_id, "template_id": m.template_id,
+        "template_version": m.template_version,
+        "delay_s": m.delay.total_seconds() if m.delay else 0.0,
+        "expires_at": m.expires_at,
+        "expires_in_s": m.expires_in.total_seconds() if m.expires_in else None,
+    }
+
+
+def _batch(ids: dict[str, int], first: dict[str, Message]) -> dict[str, list[Any]]:
+    """``INSERT_UNNEST``'s arrays, in key order."""
+    rows = [{**_params(first[key]), "id": ids[key]} for key in sorted(first)]
+    return {name: [row[name] for row in rows] for name, _ in _UNNEST_COLUMNS}
+
+
+# -- psycopg2 ------------------------------------------------------------------------------
+def psycopg2_insert_one(conn: Any, message: Message) -> EnqueueResult:
+    """Insert-or-find through a psycopg2 connection, in its transaction."""
+    with conn.cursor() as cur:
+        for _ in range(3):
+            cur.execute(INSERT_ONE, _params(message))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=True)
+            cur.execute(SELECT_ID_BY_KEY, (message.key,))
+            row = cur.fetchone()
+            if row:
+                return EnqueueResult(row[0], message.key, created=False)
+    raise StoreError(_NOT_VISIBLE.format(key=message.key))
+
+
+def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[EnqueueResult]:
+    """The bulk form through psycopg2: three statements for the batch."""
+    if not messages:
+        return []
+    first = _first_by_key(messages)
+    with conn.cursor() as cur:
+        cur.execute(_RESERVE_IDS, (len(first),))
+        ids = dict(zip(first, sorted(cur.fetchone()[1]), strict=True))
+        cur.execute(INSERT_UNNEST, _batch(ids, first))
+        created = {key: id_ for id_, key in cur.fetchall()}
+        missing = [key for key in first if key not in created]
+        existing: dict[str, int] = {}
+        if missing:
+            cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
+            existing = {key: id_ for id_, key in cur.fetchall()}
+    return enqueue_results(messages, created, existing)
+
+
+def psycopg2_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:
+    """The template read (share-locked until the caller's transaction ends)."""
+    with conn.cursor() as cur:
+        cur.execute(TemplatesMixin._GET_TEMPLATE_FOR_ENQUEUE,
+                    {"name": name, "version": version})
+        row = cur.fetchone()
+    return TemplateVersion(*row) if row else None
+
+
+# -- asyncpg -------------------------------------------------------------------------------
+async def _fetch(conn: Any, sql: str, params: dict[str, Any] | Sequence[Any]) -> list[Any]:
+    statement, names = numbered(sql)
+    args = [params[n] for n in names] if isinstance(params, dict) else list(params)
+    return list(await conn.fetch(statement, *args))
+
+
+async def asyncpg_insert_one(conn: Any, message: Message) -> EnqueueResult:
+    """Insert-or-find through an asyncpg connection, in its transaction (outside one,
+    asyncpg commits each statement: the delivery and its event are still one statement)."""
+    for _ in range(3):
+        rows = await _fetch(conn, INSERT_ONE, _params(message))
+        if rows:
+            return EnqueueResult(rows[0][0], message.key, created=True)
+        rows = await _fetch(conn, SELECT_ID_BY_KEY, (message.key,))
+        if rows:
+            return EnqueueResult(rows[0][0], message.key, created=False)
+    raise StoreError(_NOT_VISIBLE.format(key=message.key))
+
+
+async def asyncpg_insert_many(conn: Any, messages: Sequence[Message]) -> list[EnqueueResult]:
+    """The bulk form through asyncpg; outside a transaction the batch brings its own."""
+    if not messages:
+        return []
+    if not conn.is_in_transaction():
+        async with conn.transaction():
+            return await asyncpg_insert_many(conn, messages)
+    first = _first_by_key(messages)
+    reserved = await _fetch(conn, _RESERVE_IDS, (len(first),))
+    ids = dict(zip(first, sorted(reserved[0][1]), strict=True))
+    created = {key: id_ for id_, key in await _fetch(conn, INSERT_UNNEST, _batch(ids, first))}
+    missing = [key for key in first if key not in created]
+    existing: dict[str, int] = {}
+    if missing:
+        existing = {key: id_ for id_, key in await _fetch(conn, _SELECT_IDS_BY_KEYS, (missing,))}
+    return enqueue_results(messages, created, existing)
+
+
+async def asyncpg_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:
+    rows = await _fetch(conn, TemplatesMixin._GET_TEMPLATE_FOR_ENQUEUE,
+                        {"name": name, "version": version})
+    return TemplateVersion(*rows[0]) if rows else None
