@@ -20,7 +20,13 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from postlane.errors import InvalidMessage, MigrationRequired, ReplayRefused, StoreError
+from postlane.errors import (
+    InvalidMessage,
+    KeyConflict,
+    MigrationRequired,
+    ReplayRefused,
+    StoreError,
+)
 
 log = logging.getLogger("postlane.api")
 
@@ -224,6 +230,10 @@ def install(app: FastAPI) -> None:
     async def _invalid_message(request: Request, exc: InvalidMessage) -> JSONResponse:
         return problem_response(422, TYPE_BASE + "invalid-message", "Invalid message",
                                 str(exc), field=exc.field)
+
+    @app.exception_handler(KeyConflict)
+    async def _key_conflict(request: Request, exc: KeyConflict) -> JSONResponse:
+        return problem_response(409, TYPE_BASE + "key-conflict", "Key conflict", str(exc))
 
     @app.exception_handler(ReplayRefused)
     async def _replay_refused(request: Request, exc: ReplayRefused) -> JSONResponse:

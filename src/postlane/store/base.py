@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.producers import LEGACY_API
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import InvalidMessage, StoreError
@@ -456,6 +457,7 @@ class Store(abc.ABC):
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
         progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
     ) -> list[EnqueueResult]:
         """``enqueue_many`` of messages rendered from ``template``, in one transaction that
         first checks (and locks against delete and deprecate) that the template exists and is
@@ -465,6 +467,8 @@ class Store(abc.ABC):
         read, enqueued and skipped as given; created grows by the rows this call created.
         ``validated``: the caller already ran ``validate`` on each message with this store's
         limits (the import does, to skip bad rows), so it is not run twice.
+        ``producer``: who writes (None: the application; ``import:<id>`` for an import);
+        a key held by another producer or for other content raises ``KeyConflict``.
         """
 
     # -- bulk-import runs --------------------------------------------------------------------
@@ -493,12 +497,14 @@ class Store(abc.ABC):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     @abc.abstractmethod
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
-        """``enqueue`` for an HTTP request: a new delivery keeps ``request_hash`` (the hash of
-        the request's canonical body), written in the same transaction. Returns the result
-        and the hash kept with the delivery: this one when created, the first request's when
-        the key existed, None when the key was enqueued another way (outbox, CLI)."""
+        """``enqueue`` for an HTTP request by ``producer`` (``apikey:<id>``): a new delivery
+        keeps ``request_hash`` (the hash of the request's canonical body), written in the
+        same transaction. Returns the result and the hash kept with the delivery: this one
+        when created, the first request's when this producer wrote the key before. A key
+        written by another producer raises ``KeyConflict``; content is not compared here
+        (the caller compares the request hashes)."""
 
     @abc.abstractmethod
     async def create_api_key(
@@ -519,6 +525,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def revoke_api_key(self, key_id: int) -> bool:
         """Revoke an active key; False when no active key has that id."""
+
+    @abc.abstractmethod
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        """End the dashboard sessions of a key issued before ``before`` (unix seconds):
+        signing out. False when no key has that id."""
 
 
 def bound_response(text: str | None) -> str | None:
@@ -652,6 +663,16 @@ def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
     return ImportCounts(states, waiting_retry, max(0.0, oldest))
 
 
+HELD_COLUMNS = (
+    "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
+    f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
+    "html_body, headers, template_id, template_version, import_id"
+)
+"""The fields of ``core.producers.Held``, in order, from ``postlane_deliveries`` (headers as
+the engine returns them: a dict on PostgreSQL, JSON text on SQLite). A row the HTTP API
+wrote before producers were recorded (migration 0006) reads as held by ``LEGACY_API``."""
+
+
 def json_text(value: Mapping[str, Any]) -> str:
     """Headers or metadata as the JSON text both engines store; most are empty, and
     ``"{}"`` costs nothing to write on the bulk path."""
@@ -698,6 +719,8 @@ class ApiKey:
     scopes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
+    sessions_after: float | None = None
+    """Dashboard sessions issued before this (unix seconds) are over: signed out."""
 
     @property
     def active(self) -> bool:
