@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
+from postlane.core.rates import parse_rate
 from postlane.errors import ConfigurationError, MissingExtra, PostlaneError
 from postlane.extras import requires
 from postlane.limiter import open_limiter
@@ -469,8 +470,6 @@ async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> li
 # -- rate --------------------------------------------------------------------------------
 def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, list[Finding]]:
     """The ceiling as sends per second (None when unset or unusable) and the findings."""
-    from postlane.cli.worker import parse_rate
-
     findings: list[Finding] = []
     if not (math.isfinite(headroom) and 0 <= headroom < 0.5):
         findings.append(Finding("rate", "fail",

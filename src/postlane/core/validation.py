@@ -7,6 +7,7 @@ of as a dead letter an hour later.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -343,3 +344,27 @@ def redact_address(address: str) -> str:
     if not sep:
         return "***" if len(address) < 4 else address[:2] + "***"
     return f"{local[:1]}***@{domain}"
+
+
+_ADDRESS_IN_TEXT = re.compile(
+    r"[^\s<>()\[\]\"',;:=&?/]+(?:@|%40)[^\s<>()\[\]\"',;:&?/]+", re.IGNORECASE)
+
+
+def redact_addresses(text: str) -> str:
+    """Every address inside free text (a provider's answer, a log line, a URL's query with
+    ``%40``) redacted as by ``redact_address``: an SMTP 550 often quotes the recipient."""
+    return _ADDRESS_IN_TEXT.sub(
+        lambda m: redact_address(re.sub("%40", "@", m.group(0), flags=re.IGNORECASE)), text)
+
+
+def mask_address(address: str) -> str:
+    """``alice.smith@example.com`` -> ``al***@example.com #1c9e3f``: still redacted, yet two
+    entries of a list (``alice.smith``, ``alice.smyth``) can be told apart and matched
+    against an address the operator already knows (``suppress list --address``)."""
+    local, sep, domain = address.rpartition("@")
+    digest = hashlib.sha256(address.strip().lower().encode()).hexdigest()[:6]
+    if not sep:
+        return f"{redact_address(address)} #{digest}"
+    shown = local[:2] if len(local) > 4 else local[:1]
+    return f"{shown}***@{domain} #{digest}"
+
