@@ -38,12 +38,13 @@ from urllib.parse import urlsplit
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors
 from postlane.core.policy import RetryPolicy, backoff_s
+from postlane.core.redaction import redact_url
 from postlane.errors import ConfigurationError, MissingExtra, PostlaneError
 from postlane.extras import requires
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.registry import open_provider
-from postlane.store import open_store, plain_url, redact_url
+from postlane.store import open_store, plain_url
 from postlane.store.migrations import MIGRATIONS_TABLE, load
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from postlane.cli.durations import duration_option
 from postlane.cli.main import console, delivery_json, run_with_store
-from postlane.core.validation import redact_address
+from postlane.core.redaction import redact_address
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
 from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
 

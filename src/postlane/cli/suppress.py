@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from postlane.cli.main import console, run_with_store
-from postlane.core.validation import check_address, redact_address
+from postlane.core.redaction import redact_address
+from postlane.core.validation import check_address
 from postlane.errors import InvalidAddress
 from postlane.store.base import Store, Suppression
 

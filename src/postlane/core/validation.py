@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from postlane.core.message import EMAIL, Message
+from postlane.core.redaction import redact_address as redact_address  # re-exported
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
@@ -335,11 +336,3 @@ def check_storable(message: Message) -> None:
         if value is not None:
             check_text(value, field=field)
     check_metadata(message.metadata)
-
-
-def redact_address(address: str) -> str:
-    """``alice@example.com`` -> ``a***@example.com``: enough to correlate, not to leak."""
-    local, sep, domain = address.rpartition("@")
-    if not sep:
-        return "***" if len(address) < 4 else address[:2] + "***"
-    return f"{local[:1]}***@{domain}"

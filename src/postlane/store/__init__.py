@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from postlane.core.redaction import redact_url
 from postlane.core.validation import Limits
 from postlane.errors import ConfigurationError
 from postlane.store.base import Claim, RescueResult, Stats, Store, Transition
@@ -71,12 +72,3 @@ def plain_url(url: str) -> str:
     engine = scheme.split("+", 1)[0].lower()
     engine = {"postgres": "postgresql"}.get(engine, engine)
     return f"{engine}://{rest}" if engine in ("postgresql", "sqlite") else url
-
-
-def redact_url(url: str) -> str:
-    """Hide the password of a URL so it can be printed or logged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
