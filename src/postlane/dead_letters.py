@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from postlane.core.records import DeadLetter, DeadLetterFilter
 from postlane.errors import ReplayRefused
-from postlane.store.base import DeadLetter, DeadLetterFilter, Store
+from postlane.store.base import Store
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage
-from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
+from postlane.store.base import Store
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 

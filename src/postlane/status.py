@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
-from postlane.store.base import Control, Stats, Store
+from postlane.core.records import Control, Stats
+from postlane.store.base import Store
 from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
 

@@ -41,6 +41,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import concat
 
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
+from postlane.core.records import TemplateVersion
 from postlane.core.validation import check_subject, check_text
 from postlane.errors import (
     InvalidHeader,
@@ -50,7 +51,7 @@ from postlane.errors import (
     TemplateInUse,
     UnknownTemplate,
 )
-from postlane.store.base import Store, TemplateVersion
+from postlane.store.base import Store
 
 __all__ = [
     "CompiledTemplate",

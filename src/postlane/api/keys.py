@@ -21,8 +21,9 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 
+from postlane.core.records import ApiKey
 from postlane.errors import ConfigurationError
-from postlane.store.base import ApiKey, Store
+from postlane.store.base import Store
 
 SCOPES = ("send", "read", "operate")
 TOKEN_PREFIX = "pl_"

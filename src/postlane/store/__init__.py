@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from postlane.core.records import Claim, RescueResult, Stats, Transition
 from postlane.core.redaction import redact_url
 from postlane.core.validation import Limits
 from postlane.errors import ConfigurationError
-from postlane.store.base import Claim, RescueResult, Stats, Store, Transition
+from postlane.store.base import Store
 
 DEFAULT_DATABASE_URL = "sqlite:///postlane.db"
 DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"

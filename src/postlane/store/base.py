@@ -4,6 +4,9 @@ Every engine implements ``Store``; every engine passes the same conformance suit
 (``tests/integration/test_store_conformance.py``). Operations are named for what they
 guard, River-style: a worker can only move a delivery it holds, and only out of
 ``sending``; nothing moves a delivery out of a terminal state.
+
+The records the operations take and return live in ``postlane.core.records`` (re-exported
+here for older imports); this module keeps the SQL fragments both engines share.
 """
 
 from __future__ import annotations
@@ -11,17 +14,84 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from postlane.core.message import Delivery, EnqueueResult, Message
-from postlane.core.states import State
+from postlane.core.records import (  # re-exported: records used to live here
+    MAX_RESPONSE_CHARS as MAX_RESPONSE_CHARS,
+)
+from postlane.core.records import (
+    STATUS_RANK as STATUS_RANK,
+)
+from postlane.core.records import (
+    ApiKey as ApiKey,
+)
+from postlane.core.records import (
+    Claim as Claim,
+)
+from postlane.core.records import (
+    Control as Control,
+)
+from postlane.core.records import (
+    DeadLetter as DeadLetter,
+)
+from postlane.core.records import (
+    DeadLetterFilter as DeadLetterFilter,
+)
+from postlane.core.records import (
+    Event as Event,
+)
+from postlane.core.records import (
+    ImportCounts as ImportCounts,
+)
+from postlane.core.records import (
+    ImportProgress as ImportProgress,
+)
+from postlane.core.records import (
+    ImportRecord as ImportRecord,
+)
+from postlane.core.records import (
+    LaneStats as LaneStats,
+)
+from postlane.core.records import (
+    ProviderEvent as ProviderEvent,
+)
+from postlane.core.records import (
+    ProviderEventResult as ProviderEventResult,
+)
+from postlane.core.records import (
+    RescueResult as RescueResult,
+)
+from postlane.core.records import (
+    Stats as Stats,
+)
+from postlane.core.records import (
+    Suppression as Suppression,
+)
+from postlane.core.records import (
+    TemplateDeletion as TemplateDeletion,
+)
+from postlane.core.records import (
+    TemplateVersion as TemplateVersion,
+)
+from postlane.core.records import (
+    Transition as Transition,
+)
+from postlane.core.records import (
+    bound_response as bound_response,
+)
+from postlane.core.records import (
+    check_template_id as check_template_id,
+)
+from postlane.core.records import (
+    import_counts_from_rows as import_counts_from_rows,
+)
+from postlane.core.records import (
+    suppression_for as suppression_for,
+)
 from postlane.core.validation import Limits
-from postlane.errors import InvalidMessage, StoreError
-
-MAX_RESPONSE_CHARS = 2000
-"""Provider responses are kept verbatim up to this bound; some answer with whole HTML pages."""
+from postlane.errors import StoreError
 
 DELIVERY_COLUMNS: tuple[str, ...] = (
     "id", "idempotency_key", "lane", "channel", "recipient", "sender", "subject", "text_body",
@@ -32,117 +102,6 @@ DELIVERY_COLUMNS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A worker's hold on one delivery: the id plus the claim number the lease guards on."""
-
-    id: int
-    claims: int
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """One outcome a worker reports for a delivery it holds.
-
-    Applied only while the delivery is still ``sending`` under the same owner and claim
-    number; otherwise it is dropped and the caller learns so from the returned ids.
-    """
-
-    id: int
-    claims: int
-    state: State
-    event: str
-    """Timeline event kind: ``sent``, ``retry_scheduled``, ``throttled``, ``dead_lettered``..."""
-    delay_s: float | None = None
-    """For ``pending``: the next attempt is at database-now plus this."""
-    spend_attempt: bool = True
-    """False for a throttle or a limiter denial: being early is not a failure."""
-    error: str | None = None
-    provider_message_id: str | None = None
-    dead_reason: str | None = None
-    detail: Mapping[str, Any] = field(default_factory=dict)
-    """Goes into the event; an ``outcome`` key marks it as part of the attempt history."""
-
-
-@dataclass(frozen=True, slots=True)
-class Control:
-    name: str
-    value: dict[str, Any]
-    version: int
-    updated_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    id: int
-    delivery_id: int
-    at: datetime
-    kind: str
-    state: str | None
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RescueResult:
-    """What the rescuer did with expired leases, kept apart as the bulk-import text asks."""
-
-    requeued: list[int]
-    """Claimed, attempt never started: safe to send, back to ``pending``."""
-    ambiguous: list[int]
-    """The attempt had started: the provider may have it; never straight back to pending."""
-
-
-@dataclass(frozen=True, slots=True)
-class LaneStats:
-    depth: int
-    """Deliveries not yet done: pending plus sending."""
-    oldest_age_s: float
-    """Age since enqueue of the oldest of those; 0 when there are none."""
-
-
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """The four numbers (less dead-letter arrivals, which are a rate): see the queueing text."""
-
-    lanes: dict[str, LaneStats]
-    states: dict[str, int]
-    attempts: dict[str, int]
-    """Active (pending or sending) deliveries by the attempt they are on: "1" is a first try."""
-    dead_letters: dict[str, int]
-    """Open (not replayed, not discarded) dead letters by reason."""
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "lanes": {
-                name: {"depth": lane.depth, "oldest_age_s": round(lane.oldest_age_s, 3)}
-                for name, lane in sorted(self.lanes.items())
-            },
-            "states": dict(self.states),
-            "attempts": dict(self.attempts),
-            "dead_letters": dict(self.dead_letters),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One dead-lettered delivery with everything needed to act on it, kept verbatim."""
-
-    delivery_id: int
-    reason: str
-    snapshot: dict[str, Any]
-    """The delivery as it was meant to be sent: key, recipient, rendered content, versions."""
-    last_response: str | None
-    attempt_history: list[dict[str, Any]]
-    dead_at: datetime
-    replayed_at: datetime | None
-    replayed_by: str | None
-    discarded_at: datetime | None
-    discard_reason: str | None
-    replay_count: int = 0
-    delivery_state: str | None = None
-    """The delivery's state now: ``dead`` (or ``expired``) while the entry is open."""
-
-
 DEAD_LETTER_COLUMNS = (
     "dl.delivery_id, dl.reason, dl.snapshot, dl.last_response, dl.attempt_history, dl.dead_at, "
     "dl.replayed_at, dl.replayed_by, dl.discarded_at, dl.discard_reason, dl.replay_count, "
@@ -150,97 +109,30 @@ DEAD_LETTER_COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetterFilter:
-    """A triage selection. By default: open entries (still dead, not discarded)."""
-
-    reason: str | None = None
-    lane: str | None = None
-    template_id: str | None = None
-    import_id: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    replayed: bool | None = None
-    """None: either; False: never replayed (what a bulk replay takes); True: replayed."""
-    include_closed: bool = False
-    """Also entries discarded or whose delivery is no longer dead (replayed and sent)."""
-
-    def where(self, ph: Callable[[str], str], when: Callable[[datetime], Any]
-              ) -> tuple[str, dict[str, Any]]:
-        """SQL conditions over ``dl`` (dead letters) and ``d`` (deliveries), and their params.
-
-        ``ph`` renders a named placeholder for the engine; ``when`` converts a time.
-        """
-        conditions: list[str] = []
-        params: dict[str, Any] = {}
-        if not self.include_closed:
-            conditions.append("dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')")
-        for name, column in (("reason", "dl.reason"), ("lane", "d.lane"),
-                             ("template_id", "d.template_id"), ("import_id", "d.import_id")):
-            value = getattr(self, name)
-            if value is not None:
-                conditions.append(f"{column} = {ph(name)}")
-                params[name] = value
-        if self.since is not None:
-            conditions.append(f"dl.dead_at >= {ph('since')}")
-            params["since"] = when(self.since)
-        if self.until is not None:
-            conditions.append(f"dl.dead_at < {ph('until')}")
-            params["until"] = when(self.until)
-        if self.replayed is not None:
-            conditions.append("dl.replay_count > 0" if self.replayed else "dl.replay_count = 0")
-        return (" AND ".join(conditions) or "1 = 1"), params
-
-
-STATUS_RANK: dict[str, int] = {
-    "deferred": 0, "delivered": 1, "opened": 2, "clicked": 2, "bounced": 3, "complained": 4,
-}
-"""A delivery's provider status only moves up this ladder: a late ``delivered`` after a
-``bounced`` is recorded in the timeline but does not change the status."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderEvent:
-    """A delivery event a provider reported (by webhook), normalised."""
-
-    provider: str
-    event_id: str
-    kind: str
-    """``delivered``, ``bounced`` (hard), ``deferred`` (soft bounce), ``complained``,
-    ``opened``, ``clicked``."""
-    provider_message_id: str | None
-    recipient: str | None = None
-    data: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderEventResult:
-    duplicate: bool
-    """The event id was seen before; nothing was done."""
-    delivery_id: int | None
-    status_changed: bool
-    suppressed: str | None = None
-    """The address this event put on the suppression list."""
-
-
-@dataclass(frozen=True, slots=True)
-class Suppression:
-    address: str
-    stream: str
-    """The lane it applies to, or ``*`` for every lane."""
-    reason: str
-    delivery_id: int | None
-    created_at: datetime
-
-
-def suppression_for(event: ProviderEvent, lane: str) -> tuple[str, str] | None:
-    """(stream, reason) an event suppresses its address for, if any: a hard bounce for
-    every lane (the mailbox does not exist), a complaint for the lane it came through."""
-    if event.kind == "bounced":
-        return "*", "hard bounce"
-    if event.kind == "complained":
-        return lane, "complaint"
-    return None
+def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str],
+                           when: Callable[[datetime], Any]) -> tuple[str, dict[str, Any]]:
+    """SQL conditions over ``dl`` (dead letters) and ``d`` (deliveries) for a triage
+    selection, and their params. ``ph`` renders a named placeholder for the engine;
+    ``when`` converts a time."""
+    conditions: list[str] = []
+    params: dict[str, Any] = {}
+    if not selection.include_closed:
+        conditions.append("dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')")
+    for name, column in (("reason", "dl.reason"), ("lane", "d.lane"),
+                         ("template_id", "d.template_id"), ("import_id", "d.import_id")):
+        value = getattr(selection, name)
+        if value is not None:
+            conditions.append(f"{column} = {ph(name)}")
+            params[name] = value
+    if selection.since is not None:
+        conditions.append(f"dl.dead_at >= {ph('since')}")
+        params["since"] = when(selection.since)
+    if selection.until is not None:
+        conditions.append(f"dl.dead_at < {ph('until')}")
+        params["until"] = when(selection.until)
+    if selection.replayed is not None:
+        conditions.append("dl.replay_count > 0" if selection.replayed else "dl.replay_count = 0")
+    return (" AND ".join(conditions) or "1 = 1"), params
 
 
 class Store(abc.ABC):
@@ -521,13 +413,6 @@ class Store(abc.ABC):
         """Revoke an active key; False when no active key has that id."""
 
 
-def bound_response(text: str | None) -> str | None:
-    """Keep a provider's response verbatim, but bounded."""
-    if text is None or len(text) <= MAX_RESPONSE_CHARS:
-        return text
-    return text[:MAX_RESPONSE_CHARS] + f"... [{len(text) - MAX_RESPONSE_CHARS} more chars]"
-
-
 def find_conditions(key: str | None, recipient: str | None, import_id: str | None,
                     placeholder: str) -> tuple[str, dict[str, Any]]:
     """WHERE conditions for ``find_deliveries``; ``placeholder`` is e.g. ``%({})s``."""
@@ -543,29 +428,6 @@ def find_conditions(key: str | None, recipient: str | None, import_id: str | Non
     return " AND ".join(conditions), params
 
 
-# -- templates and bulk imports ------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class TemplateVersion:
-    """One immutable version of a template, and the state of its name."""
-
-    name: str
-    version: int
-    subject: str
-    text: str | None
-    html: str | None
-    created_at: datetime
-    latest_version: int
-    deprecated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateDeletion:
-    found: bool
-    deleted: bool
-    references: int
-    """Deliveries that kept it from being deleted (0 when it was deleted)."""
-
-
 TEMPLATE_REFERENCE_CONDITION = (
     "(d.state IN ('pending', 'sending', 'ambiguous') OR (d.state IN ('dead', 'expired') "
     "AND EXISTS (SELECT 1 FROM postlane_dead_letters dl WHERE dl.delivery_id = d.id "
@@ -575,81 +437,10 @@ TEMPLATE_REFERENCE_CONDITION = (
 or replayed. Sent, cancelled, suppressed and discarded ones do not."""
 
 
-@dataclass(frozen=True, slots=True)
-class ImportProgress:
-    """An import run's counters, written in each batch's transaction."""
-
-    import_id: str
-    rows_read: int
-    rows_enqueued: int
-    """Rows handed to the store: created now, or already there from an earlier run."""
-    rows_skipped: int
-
-
-@dataclass(frozen=True, slots=True)
-class ImportRecord:
-    import_id: str
-    template: str
-    template_version: int
-    file_name: str
-    lane: str
-    runs: int
-    started_at: datetime
-    last_started_at: datetime
-    finished_at: datetime | None
-    rows_read: int
-    rows_enqueued: int
-    rows_created: int
-    """Deliveries the latest run created (a re-run creates none: the keys exist)."""
-    rows_skipped: int
-
-
 IMPORT_COLUMNS = (
     "import_id, template, template_version, file_name, lane, runs, started_at, "
     "last_started_at, finished_at, rows_read, rows_enqueued, rows_created, rows_skipped"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ImportCounts:
-    """An import's deliveries by what happened to them."""
-
-    states: dict[str, int]
-    """Deliveries by state (every state present, zeros included)."""
-    waiting_retry: int
-    """Pending after at least one attempt: waiting for another."""
-    oldest_waiting_age_s: float
-    """Age since enqueue of the oldest delivery still pending (first try or retry)."""
-
-    @property
-    def created(self) -> int:
-        return sum(self.states.values())
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "created": self.created,
-            "claimed": self.states.get("sending", 0),
-            "accepted": self.states.get("sent", 0),
-            "queued": self.states.get("pending", 0) - self.waiting_retry,
-            "waiting_retry": self.waiting_retry,
-            "dead": self.states.get("dead", 0),
-            "oldest_waiting_age_s": round(self.oldest_waiting_age_s, 3),
-            "states": dict(self.states),
-        }
-
-
-def import_counts_from_rows(rows: Sequence[Sequence[Any]]) -> ImportCounts:
-    """Build ``ImportCounts`` from rows of (state, retried, count, oldest age in seconds)."""
-    states = {str(s): 0 for s in State}
-    waiting_retry = 0
-    oldest = 0.0
-    for state, retried, count, age in rows:
-        states[state] = states.get(state, 0) + int(count)
-        if state == "pending":
-            if retried:
-                waiting_retry += int(count)
-            oldest = max(oldest, float(age or 0.0))
-    return ImportCounts(states, waiting_retry, max(0.0, oldest))
 
 
 def json_text(value: Mapping[str, Any]) -> str:
@@ -675,30 +466,3 @@ def enqueue_results(
             raise StoreError(f"key {key!r} was neither inserted nor found; retry")
         seen.add(key)
     return results
-
-
-def check_template_id(message: Message, template: str) -> None:
-    """A message enqueued as rendered from ``template`` must say so, version included."""
-    if message.template_id != template or message.template_version is None:
-        raise InvalidMessage(
-            f"message {message.key!r} was not rendered from template {template!r} "
-            f"(template_id={message.template_id!r}, version={message.template_version!r})",
-            field="template_id",
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKey:
-    """An HTTP API key as stored: the SHA-256 of its token, never the token itself."""
-
-    id: int
-    name: str
-    prefix: str
-    """The token's first characters (``pl_AbCd1234``), to tell keys apart in a list."""
-    scopes: tuple[str, ...]
-    created_at: datetime
-    revoked_at: datetime | None
-
-    @property
-    def active(self) -> bool:
-        return self.revoked_at is None

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.records import TemplateVersion
 from postlane.errors import UnsupportedConnection
-from postlane.store.base import TemplateVersion
 
 SUPPORTED = ("sqlite3, psycopg 3, psycopg2, asyncpg, SQLAlchemy (sync or async) or Django "
              "connections")

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from postlane.core.records import ProviderEvent
 from postlane.core.validation import json_problem
-from postlane.store.base import ProviderEvent, Store
+from postlane.store.base import Store
 from postlane.webhooks.signatures import (
     CertFetcher,
     WebhookMalformed,

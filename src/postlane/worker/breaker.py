@@ -31,8 +31,9 @@ from postlane.core.breaker import (
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.core.policy import Decision
+from postlane.core.records import Control
 from postlane.core.states import State
-from postlane.store.base import Control, Store
+from postlane.store.base import Store
 
 log = logging.getLogger("postlane.breaker")
 

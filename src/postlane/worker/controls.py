@@ -7,7 +7,8 @@ takes effect on every host within a second. A pause stops claims; it never delet
 from __future__ import annotations
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
-from postlane.store.base import Control, Store
+from postlane.core.records import Control
+from postlane.store.base import Store
 
 LANE_PAUSE = "pause:lane:"
 IMPORT_PAUSE = "pause:import:"

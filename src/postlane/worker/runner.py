@@ -43,11 +43,12 @@ from postlane.core.policy import (
     expire_if_useless,
     handler_error,
 )
+from postlane.core.records import Claim, Transition
 from postlane.core.states import DeadReason, State
 from postlane.core.validation import redact_address
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
-from postlane.store.base import Claim, Store, Transition
+from postlane.store.base import Store
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.controls import FleetControls
 from postlane.worker.poison import unreadable_decision
