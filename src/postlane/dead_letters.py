@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from postlane.core.records import DeadLetter, DeadLetterFilter
 from postlane.errors import ReplayRefused
-from postlane.store.base import Store
+from postlane.store.roles import OperatorStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ def not_useful_because(entry: DeadLetter, now: datetime,
     return None
 
 
-async def replay_one(store: Store, delivery_id: int, *, by: str,
+async def replay_one(store: OperatorStore, delivery_id: int, *, by: str,
                      valid_for: timedelta | None = None,
                      now: datetime | None = None) -> DeadLetter:
     """Replay a single entry (the canary of a selection, or a one-off fix)."""
@@ -68,7 +68,7 @@ async def replay_one(store: Store, delivery_id: int, *, by: str,
 
 
 async def replay_selection(
-    store: Store, selection: DeadLetterFilter, *, by: str, dry_run: bool = False,
+    store: OperatorStore, selection: DeadLetterFilter, *, by: str, dry_run: bool = False,
     valid_for: timedelta | None = None, limit: int = 1000, now: datetime | None = None,
 ) -> ReplayPlan:
     """Replay the rest of a selection once its canary has been sent."""
@@ -89,7 +89,7 @@ async def replay_selection(
     return ReplayPlan(sorted(replayed), expired, canary)
 
 
-async def _sent_canary(store: Store, selection: DeadLetterFilter) -> int:
+async def _sent_canary(store: OperatorStore, selection: DeadLetterFilter) -> int:
     tried = await store.list_dead_letters(
         replace(selection, replayed=True, include_closed=True), limit=1000
     )

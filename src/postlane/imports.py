@@ -28,13 +28,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage
 from postlane.store.base import Store
+from postlane.store.roles import FleetStore, ImportStore, TemplateStore
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 
@@ -59,6 +60,11 @@ MAX_PROBLEMS_KEPT = 1000
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""
+
+
+class ImportingStore(ImportStore, TemplateStore, FleetStore, Protocol):
+    """What an import uses: its runs' record, the template it renders and enqueues through,
+    and the controls that pause it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +133,7 @@ class _Lines:
 class _Rows:
     """Turns CSV rows into messages, or into problems."""
 
-    def __init__(self, store: Store, compiled: CompiledTemplate, header: list[str],
+    def __init__(self, store: ImportingStore, compiled: CompiledTemplate, header: list[str],
                  import_id: str, lane: str) -> None:
         self.store = store
         self.compiled = compiled
@@ -215,7 +221,7 @@ def _rows(lines: _Lines) -> Iterator[tuple[int, list[str]]]:
 
 
 async def import_csv(
-    store: Store, path: str | os.PathLike[str], *, template: str, import_id: str,
+    store: ImportingStore, path: str | os.PathLike[str], *, template: str, import_id: str,
     strict: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, lane: str = BULK_LANE,
     on_progress: Progress | None = None,
 ) -> ImportReport:
@@ -352,7 +358,7 @@ class ImportStatus:
         return data
 
 
-async def import_status(store: Store, import_id: str) -> ImportStatus | None:
+async def import_status(store: ImportingStore, import_id: str) -> ImportStatus | None:
     """The run record, delivery counts and pause state; None if nothing has that id."""
     record = await store.get_import(import_id)
     counts = await store.import_counts(import_id)

@@ -9,11 +9,13 @@ silently returning the first message would hide it.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from postlane.api.models import MessageIn
 from postlane.core.message import Delivery
 from postlane.core.validation import check_key
 from postlane.errors import PostlaneError, StoreError
-from postlane.store.base import Store
+from postlane.store.roles import OperatorStore, ProducerStore
 
 
 class IdempotencyConflict(PostlaneError):
@@ -24,7 +26,12 @@ class IdempotencyConflict(PostlaneError):
         self.delivery_id = delivery_id
 
 
-async def submit(store: Store, key: str, body: MessageIn) -> tuple[Delivery, bool]:
+class SubmitStore(ProducerStore, OperatorStore, Protocol):
+    """What ``submit`` uses: the HTTP API's idempotent enqueue, and reading the delivery
+    back to answer with it."""
+
+
+async def submit(store: SubmitStore, key: str, body: MessageIn) -> tuple[Delivery, bool]:
     """Enqueue ``body`` under ``key``; returns the delivery and whether this call created it.
 
     Raises ``InvalidMessage`` (nothing written) or ``IdempotencyConflict``.
