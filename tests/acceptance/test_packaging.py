@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ("postlane/store/sql/sqlite/0001_", "postlane/store/sql/postgres/0001_",
            "postlane/dashboard/templates/", "postlane/dashboard/static/",
-           "postlane/alerts/", "postlane/py.typed")
+           "postlane/alerts/", "postlane/grafana/postlane.json", "postlane/py.typed")
 
 
 def _run(*args: str | Path, cwd: Path, timeout: float = 600) -> str:

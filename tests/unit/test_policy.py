@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from postlane.core.lanes import LaneConfig
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import (
     Decision,
     ProviderTraits,
@@ -207,6 +207,21 @@ def test_timeout_without_dedupe_or_lookup_is_held_under_lane_policy_hold() -> No
     check(d, State.AMBIGUOUS, "ambiguous", spend=True, delay=None, reason=None)
     assert d.detail["resolution"] == "held for an operator"
     assert d.detail["response"] == "read timeout"
+
+
+@pytest.mark.parametrize("outcome", [
+    Outcome.transient("not sent: no answer within 10s", phase=Phase.ENVELOPE),
+    Outcome.ambiguous("no answer within 10s after the request left", phase=Phase.RESPONSE),
+    Outcome.accepted("m-1").at(Phase.RESPONSE),
+])
+def test_the_decision_names_the_phase_the_attempt_ended_in(outcome: Outcome) -> None:
+    d = decide(delivery(), outcome, HOLD, NOW, traits=NO_DEDUPE, rand=fixed(0.5))
+    assert d.detail["phase"] == str(outcome.phase)
+
+
+def test_no_phase_no_phase_in_the_detail() -> None:
+    d = decide(delivery(), Outcome.ambiguous("read timeout"), HOLD, NOW, traits=NO_DEDUPE)
+    assert "phase" not in d.detail
 
 
 def test_timeout_without_dedupe_or_lookup_is_resent_under_lane_policy_resend() -> None:

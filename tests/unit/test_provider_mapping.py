@@ -2,12 +2,16 @@
 
 No sockets: HTTP adapters run over ``httpx.MockTransport``, SES over botocore's ``Stubber``,
 and SMTP's table is the pure function the adapter uses. An adapter never raises for a
-provider's answer, so every row here is a returned ``Outcome``.
+provider's answer, so every row here is a returned ``Outcome``. Where the answer is missing,
+the phase the attempt reached decides (transient before the point of no return, ambiguous
+after it): those rows name the phase.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -34,11 +38,17 @@ from botocore.exceptions import (
 from botocore.stub import ANY, Stubber
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.states import State
-from postlane.providers.http import HttpApiProvider, JsonHttpProvider
+from postlane.providers.http import (
+    ExchangeTrace,
+    HttpApiProvider,
+    JsonHttpProvider,
+    outcome_of_transport_error,
+)
 from postlane.providers.mime import key_digest
 from postlane.providers.postmark import PostmarkProvider
+from postlane.providers.progress import AttemptAbandoned, AttemptProgress
 from postlane.providers.resend import ResendProvider
 from postlane.providers.sandbox import SandboxAnswer
 from postlane.providers.sandbox import outcome_of as sandbox_outcome
@@ -51,6 +61,7 @@ from postlane.providers.smtp import (
     _Phase,
     outcome_of_reply,
 )
+from postlane.worker.attempt import Attempt
 
 A, T, X, P, Y, ACC = (OutcomeClass.ACCEPTED, OutcomeClass.THROTTLED, OutcomeClass.TRANSIENT,
                       OutcomeClass.PERMANENT, OutcomeClass.AMBIGUOUS, OutcomeClass.ACCOUNT)
@@ -85,22 +96,37 @@ def test_smtp_reply_table(code: int, phase: str, kind: OutcomeClass) -> None:
     assert str(code) in (outcome.response or "")
 
 
-@pytest.mark.parametrize(("phase", "error", "kind"), [
-    ("mail", SMTPServerDisconnected("Connection lost"), X),
-    ("mail", SMTPSenderRefused(451, "try later", "a@b.c"), X),
-    ("mail", SMTPSenderRefused(553, "no", "a@b.c"), P),
-    ("rcpt", SMTPRecipientRefused(550, "no such user", "bob@example.com"), P),
-    ("rcpt", SMTPRecipientRefused(450, "greylisted", "bob@example.com"), X),
-    ("rcpt", SMTPReadTimeoutError("timed out"), X),
-    ("rcpt", ConnectionResetError("reset"), X),
-    ("data", SMTPDataError(451, "local error"), X),
-    ("data", SMTPDataError(554, "rejected"), P),
-    ("data", SMTPServerDisconnected("Connection lost"), Y),
-    ("data", SMTPReadTimeoutError("timed out"), Y),
-    ("data", ConnectionResetError("reset"), Y),
+E, D, R = Phase.ENVELOPE, Phase.DATA, Phase.RESPONSE
+
+
+@pytest.mark.parametrize(("command", "reached", "error", "kind"), [
+    ("mail", E, SMTPServerDisconnected("Connection lost"), X),
+    ("mail", E, SMTPSenderRefused(451, "try later", "a@b.c"), X),
+    ("mail", E, SMTPSenderRefused(553, "no", "a@b.c"), P),
+    ("rcpt", E, SMTPRecipientRefused(550, "no such user", "bob@example.com"), P),
+    ("rcpt", E, SMTPRecipientRefused(450, "greylisted", "bob@example.com"), X),
+    ("rcpt", E, SMTPReadTimeoutError("timed out"), X),
+    ("rcpt", E, ConnectionResetError("reset"), X),
+    # DATA before the final dot: the server cannot have the message.
+    ("data", D, SMTPDataError(451, "local error"), X),
+    ("data", D, SMTPDataError(554, "rejected"), P),
+    ("data", D, SMTPDataError(250, "250 where 354 was due"), X),
+    ("data", D, SMTPServerDisconnected("Connection lost"), X),
+    ("data", D, SMTPReadTimeoutError("timed out"), X),
+    ("data", D, ConnectionResetError("reset"), X),
+    # After the final dot: only an answer decides.
+    ("data", R, SMTPDataError(451, "local error"), X),
+    ("data", R, SMTPDataError(554, "rejected"), P),
+    ("data", R, SMTPDataError(354, "354 where 250 was due"), Y),
+    ("data", R, SMTPServerDisconnected("Connection lost"), Y),
+    ("data", R, SMTPReadTimeoutError("timed out"), Y),
+    ("data", R, ConnectionResetError("reset"), Y),
 ])
-def test_smtp_failure_table(phase: str, error: BaseException, kind: OutcomeClass) -> None:
-    assert _outcome_of_failure(_Phase(phase, error)).kind is kind
+def test_smtp_failure_table(command: str, reached: Phase, error: BaseException,
+                            kind: OutcomeClass) -> None:
+    outcome = _outcome_of_failure(_Phase(command, error), reached)
+    assert outcome.kind is kind
+    assert outcome.phase is reached
 
 
 # == HTTP: the generic JSON adapter =======================================================
@@ -171,7 +197,8 @@ GENERIC = {"url": "https://api.example.test/v1/send"}
     (fail(httpx.ConnectTimeout("connect timeout")), X, None),
     (fail(httpx.PoolTimeout("no connection free")), X, None),
     (fail(httpx.ReadTimeout("read timeout")), Y, None),
-    (fail(httpx.WriteTimeout("write timeout")), Y, None),
+    (fail(httpx.WriteTimeout("write timeout")), X, None),
+    (fail(httpx.WriteError("broken pipe")), X, None),
     (fail(httpx.ReadError("reset by peer")), Y, None),
     (fail(httpx.RemoteProtocolError("server disconnected")), Y, None),
 ])
@@ -180,6 +207,67 @@ async def test_generic_http_table(handler: Handler, kind: OutcomeClass,
     outcome, _ = await run_http(JsonHttpProvider, handler, **GENERIC)
     assert outcome.kind is kind
     assert outcome.retry_after_s == retry_after
+
+
+@pytest.mark.parametrize(("error", "written", "kind"), [
+    # Never left: no connection, or the request was not fully written.
+    (httpx.PoolTimeout("no connection free"), None, X),
+    (httpx.ConnectError("refused"), False, X),
+    (httpx.ConnectTimeout("connect timeout"), False, X),
+    (httpx.WriteTimeout("write timeout"), False, X),
+    (httpx.WriteError("broken pipe"), False, X),
+    # httpcore swallows a write error and reads: the read then fails, body unwritten.
+    (httpx.ReadError("reset by peer"), False, X),
+    (httpx.ReadTimeout("read timeout"), False, X),
+    (httpx.RemoteProtocolError("server disconnected"), False, X),
+    # Past the point of no return: the whole request was written.
+    (httpx.ReadTimeout("read timeout"), True, Y),
+    (httpx.ReadError("reset by peer"), True, Y),
+    (httpx.RemoteProtocolError("server disconnected"), True, Y),
+    # A transport that does not trace: the exception alone decides.
+    (httpx.ReadTimeout("read timeout"), None, Y),
+])
+def test_http_transport_table_by_phase(error: httpx.HTTPError, written: bool | None,
+                                       kind: OutcomeClass) -> None:
+    outcome = outcome_of_transport_error(error, written)
+    assert outcome.kind is kind
+    assert (outcome.response or "").startswith("not sent" if kind is X else "no answer")
+
+
+async def test_http_trace_moves_the_phase_to_response_only_when_the_body_is_written() -> None:
+    progress = AttemptProgress()
+    trace = ExchangeTrace(progress)
+    steps = [
+        ("connection.connect_tcp.started", Phase.CONNECT, False),
+        ("connection.connect_tcp.complete", Phase.CONNECT, False),
+        ("connection.start_tls.started", Phase.TLS, False),
+        ("http11.send_request_headers.started", Phase.REQUEST, False),
+        ("http11.send_request_body.started", Phase.REQUEST, False),
+        ("http11.send_request_body.complete", Phase.RESPONSE, True),
+        ("http11.receive_response_headers.started", Phase.RESPONSE, True),
+    ]
+    for event, phase, written in steps:
+        await trace(event, {})
+        assert (progress.phase, trace.written) == (phase, written), event
+
+
+async def test_http_trace_stops_an_abandoned_request_before_its_body() -> None:
+    progress = AttemptProgress()
+    trace = ExchangeTrace(progress)
+    await trace("http11.send_request_headers.started", {})
+    assert progress.abandon() is Phase.REQUEST
+    with pytest.raises(AttemptAbandoned):
+        await trace("http11.send_request_body.started", {})
+
+
+@pytest.mark.parametrize(("handler", "phase"), [
+    (answer(200, {"id": "m-1"}), Phase.RESPONSE),
+    (answer(503), Phase.RESPONSE),
+    (fail(httpx.PoolTimeout("no connection free")), Phase.QUEUED),
+])
+async def test_http_outcomes_name_their_phase(handler: Handler, phase: Phase) -> None:
+    outcome, _ = await run_http(JsonHttpProvider, handler, **GENERIC)
+    assert outcome.phase is phase
 
 
 async def test_generic_http_retry_after_as_http_date() -> None:
@@ -497,6 +585,56 @@ async def test_ses_refusal_with_retry_after_is_throttled(ses: Any) -> None:
 ])
 def test_ses_transport_table(error: Exception, kind: OutcomeClass) -> None:
     assert outcome_of_botocore_error(error).kind is kind  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("error", "kind"), [
+    (ReadTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
+    (ConnectionClosedError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
+    (ConnectTimeoutError(endpoint_url="https://email.eu-west-1.amazonaws.com"), X),
+    (ParamValidationError(report="bad"), P),
+])
+def test_ses_failures_before_the_http_exchange_are_never_ambiguous(
+        error: Exception, kind: OutcomeClass) -> None:
+    outcome = outcome_of_botocore_error(error, sent=False)  # type: ignore[arg-type]
+    assert outcome.kind is kind
+
+
+async def test_ses_deadline_while_waiting_for_a_thread_is_transient_and_never_sends(
+        ses: Any) -> None:
+    """pool=1 and the one thread busy: a second send waits in the executor's queue. Cut
+    off there by the worker's deadline, it is transient, and it never runs."""
+    make, stubber = ses
+    provider = make(pool=1)
+    calls: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def block_first(params: dict[str, Any], **_: Any) -> None:
+        calls.append(params["EmailTags"][0]["Value"])
+        if not entered.is_set():
+            entered.set()
+            release.wait(10)
+
+    stubber.add_response("send_email", {"MessageId": "ses-1"})
+    stubber.add_response("send_email", {"MessageId": "ses-3"})
+    provider._client.meta.events.register(  # type: ignore[union-attr]
+        "before-parameter-build.sesv2.SendEmail", block_first, unique_id="test-block")
+    await provider.open()
+    try:
+        first = asyncio.create_task(provider.send(delivery(id=1)))
+        await asyncio.to_thread(entered.wait, 10)
+        cut_off = await Attempt(provider, delivery(id=2), 0.05).run()
+        assert (cut_off.kind, cut_off.phase) == (X, Phase.QUEUED)
+        release.set()
+        assert (await first).provider_message_id == "ses-1"
+        # FIFO pool of one: once a later send is through, the cut-off one was skipped.
+        assert (await provider.send(delivery(id=3))).provider_message_id == "ses-3"
+    finally:
+        release.set()
+        provider._client.meta.events.unregister(  # type: ignore[union-attr]
+            "before-parameter-build.sesv2.SendEmail", unique_id="test-block")
+        await provider.close()
+    assert calls == ["1", "3"]
+    stubber.assert_no_pending_responses()
 
 
 async def test_ses_request_carries_configuration_set_tags_and_key(ses: Any) -> None:

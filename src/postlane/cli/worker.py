@@ -74,7 +74,8 @@ def worker(
         help="Lease per claim, renewed while sending.")] = "30s",  # type: ignore[assignment]
     attempt_timeout: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
-        help="Longest wait for the provider's answer; past it the attempt is ambiguous.")
+        help="Hard bound on one send; cut off there, it is transient if the request had "
+             "not yet left (see docs/providers.md, phases), else ambiguous.")
     ] = "10s",  # type: ignore[assignment]
     grace: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_GRACE", show_envvar=True,

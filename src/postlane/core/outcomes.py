@@ -17,12 +17,48 @@ would turn a configuration slip into a replay campaign.
 
 A 4xx that names a ``Retry-After`` is the provider saying *when*, not *never*: adapters map
 it to ``throttled`` (and ``decide`` treats a ``permanent`` that carries one the same way).
+
+Transient or ambiguous is decided by the *phase* the attempt ended in: each adapter marks
+its point of no return (SMTP: the final dot of DATA written; HTTP: the whole request
+written) and only an attempt that passed it can be ambiguous. See ``Phase``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where a send attempt was when it ended, in the order an attempt goes through them.
+
+    Only ``RESPONSE`` is past the point of no return: before it the provider cannot have
+    the message, so a failure or a deadline there is transient, never ambiguous.
+    """
+
+    QUEUED = "queued"
+    """Waiting for a pooled connection, a pool slot or a client thread."""
+    CONNECT = "connect"
+    """Opening the connection: TCP, TLS from the start (smtps, https), SMTP's 220 greeting."""
+    HELLO = "hello"
+    """SMTP EHLO (or HELO)."""
+    TLS = "tls"
+    """SMTP STARTTLS, or the TLS handshake of an https connection."""
+    AUTH = "auth"
+    """SMTP AUTH."""
+    ENVELOPE = "envelope"
+    """SMTP MAIL FROM and RCPT TO."""
+    DATA = "data"
+    """SMTP DATA until the message's final dot is handed to the connection."""
+    REQUEST = "request"
+    """HTTP: writing the request line, headers and body (SES: preparing the call)."""
+    RESPONSE = "response"
+    """Past the point of no return: the final dot or the whole request was written (SES:
+    handed to botocore's HTTP layer); waiting for, or reading, the answer."""
+
+    @property
+    def may_have_reached_provider(self) -> bool:
+        return self is Phase.RESPONSE
 
 
 class OutcomeClass(StrEnum):
@@ -42,6 +78,15 @@ class Outcome:
     """The provider's own Retry-After, already turned into seconds from now."""
     response: str | None = None
     """The provider's response, verbatim (the store bounds it)."""
+    phase: Phase | None = field(default=None, compare=False)
+    """The phase the attempt ended in; None when the adapter does not report phases. Where,
+    not what: two outcomes that differ only in it are the same answer."""
+
+    def at(self, phase: Phase | None) -> Outcome:
+        """This outcome, marked with ``phase`` unless the adapter already named one."""
+        if self.phase is not None or phase is None:
+            return self
+        return replace(self, phase=phase)
 
     @classmethod
     def accepted(cls, provider_message_id: str | None = None,
@@ -56,12 +101,13 @@ class Outcome:
 
     @classmethod
     def transient(cls, response: str | None = None,
-                  retry_after_s: float | None = None) -> Outcome:
-        return cls(OutcomeClass.TRANSIENT, retry_after_s=retry_after_s, response=response)
+                  retry_after_s: float | None = None, *, phase: Phase | None = None) -> Outcome:
+        return cls(OutcomeClass.TRANSIENT, retry_after_s=retry_after_s, response=response,
+                   phase=phase)
 
     @classmethod
-    def ambiguous(cls, response: str | None = None) -> Outcome:
-        return cls(OutcomeClass.AMBIGUOUS, response=response)
+    def ambiguous(cls, response: str | None = None, *, phase: Phase | None = None) -> Outcome:
+        return cls(OutcomeClass.AMBIGUOUS, response=response, phase=phase)
 
     @classmethod
     def permanent(cls, response: str | None = None) -> Outcome:

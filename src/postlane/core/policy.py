@@ -111,6 +111,8 @@ def decide(
     detail: dict[str, Any] = {"outcome": str(outcome.kind), "attempt": delivery.attempts + 1}
     if outcome.response is not None:
         detail["response"] = outcome.response[:500]
+    if outcome.phase is not None:
+        detail["phase"] = str(outcome.phase)
     kind = outcome.kind
 
     if kind is OutcomeClass.ACCEPTED:

@@ -1,13 +1,23 @@
 """HTTP email APIs: one base with the transport mapping, and a generic JSON adapter.
 
 ``HttpApiProvider`` owns an ``httpx.AsyncClient`` (keep-alive, a bounded pool) and the part
-of the mapping every HTTP API shares -- what a failure of the *transport* means:
+of the mapping every HTTP API shares -- what a failure of the *transport* means. The point
+of no return is the request fully written (the last byte of the body handed to the
+socket); httpcore's ``trace`` extension says when that happened:
 
     connect refused / connect timeout / no pooled connection free   transient (never left)
-    read timeout, write timeout, connection dropped mid-exchange     ambiguous (may have left)
+    write timeout or write error (the request was not all written)  transient
+    read timeout, dropped connection, protocol error, *before* the
+      body was all written (the server cut us off mid-request)       transient
+    read timeout, dropped connection, protocol error after it        ambiguous (may have left)
 
-and a default table for the *status* (``outcome_of_status``), which subclasses refine with
-the provider's own error codes:
+The phases reported (``postlane.core.outcomes.Phase``): queued (waiting for a pooled
+connection), connect, tls, request (writing), response (written; waiting for the answer).
+Over a transport that does not trace (``httpx.MockTransport``) the exception type alone
+decides, as in the table.
+
+The other half is a default table for the *status* (``outcome_of_status``), which
+subclasses refine with the provider's own error codes:
 
     2xx                          accepted
     429                          throttled, with Retry-After (seconds or HTTP date)
@@ -35,12 +45,13 @@ from typing import Any
 import httpx
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome
+from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
+from postlane.providers.progress import AttemptProgress, current_progress
 
 HTTP_TOKEN_ENV = "POSTLANE_HTTP_TOKEN"
 RESPONSE_LIMIT = 2000
@@ -121,11 +132,15 @@ class HttpApiProvider(Provider):
             request = self.build_request(delivery)
         except InvalidMessage as exc:
             return refused_before_sending(exc)
+        progress = current_progress()
+        progress.reach(Phase.QUEUED)
+        trace = ExchangeTrace(progress)
+        request.extensions["trace"] = trace
         try:
             response = await self.client.send(request)
         except httpx.HTTPError as exc:
-            return outcome_of_transport_error(exc)
-        return self.map_response(response)
+            return outcome_of_transport_error(exc, trace.written).at(progress.phase)
+        return self.map_response(response).at(Phase.RESPONSE)
 
     async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response | Outcome:
         """One request outside ``send`` (lookups): a transport failure becomes an Outcome."""
@@ -137,14 +152,53 @@ class HttpApiProvider(Provider):
             return outcome_of_transport_error(exc)
 
 
+TRACE_PHASES: dict[str, Phase] = {
+    "connection.connect_tcp.started": Phase.CONNECT,
+    "connection.connect_unix_socket.started": Phase.CONNECT,
+    "connection.start_tls.started": Phase.TLS,
+    "http11.send_request_headers.started": Phase.REQUEST,
+    "http2.send_request_headers.started": Phase.REQUEST,
+    # Reported again as the body starts: an abandoned attempt stops before its body.
+    "http11.send_request_body.started": Phase.REQUEST,
+    "http2.send_request_body.started": Phase.REQUEST,
+    "http11.send_request_body.complete": Phase.RESPONSE,
+    "http2.send_request_body.complete": Phase.RESPONSE,
+}
+"""httpcore trace events -> the phase the exchange entered."""
+
+
+class ExchangeTrace:
+    """httpcore's ``trace`` extension for one request: moves the attempt's phase as the
+    exchange goes on, and remembers whether the request was fully written."""
+
+    def __init__(self, progress: AttemptProgress) -> None:
+        self.progress = progress
+        self.written: bool | None = None
+        """True once the whole request was written, False before; None: no trace came
+        (a transport that does not trace), so nothing is known."""
+
+    async def __call__(self, event: str, info: dict[str, Any]) -> None:
+        phase = TRACE_PHASES.get(event)
+        if phase is None:
+            return
+        self.written = phase.may_have_reached_provider
+        self.progress.reach(phase)
+
+
 # -- the shared tables ---------------------------------------------------------------------
-def outcome_of_transport_error(exc: httpx.HTTPError) -> Outcome:
-    """Whether the request can have reached the server decides transient vs ambiguous."""
+def outcome_of_transport_error(exc: httpx.HTTPError, written: bool | None = None) -> Outcome:
+    """Whether the request can have reached the server decides transient vs ambiguous;
+    ``written`` (from ``ExchangeTrace``) says whether it was fully written, when known."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
         return Outcome.transient(f"not sent: {text}")
+    if isinstance(exc, (httpx.WriteTimeout, httpx.WriteError)):
+        return Outcome.transient(f"not sent: the request was not fully written: {text}")
     if isinstance(exc, (httpx.TimeoutException, httpx.NetworkError,
                         httpx.RemoteProtocolError, httpx.DecodingError)):
+        if written is False:
+            return Outcome.transient(
+                f"not sent: cut off before the request was fully written: {text}")
         return Outcome.ambiguous(f"no answer after the request left: {text}")
     # Anything else (a bad URL, a proxy refusing, a protocol error of ours) happens before
     # the provider saw a complete request.

@@ -27,6 +27,14 @@ Mapping (error code first, then HTTP status):
     5xx (InternalServiceError, ServiceUnavailable...)    transient
     connect timeout, connection refused, TLS failure     transient (never left)
     read timeout, connection closed mid-exchange         ambiguous
+    any failure before botocore began the HTTP exchange  transient (never left)
+
+Phases (``postlane.core.outcomes.Phase``): queued while the call waits for a thread of the
+pool (cancelled there, it never runs), request while botocore builds and signs it, response
+from botocore's ``before-send`` event on. botocore does not say when the request is fully
+written, so the point of no return is taken as the start of the HTTP exchange: an attempt
+deadline during SES's connect counts as ambiguous (botocore's own connect timeout, shorter
+by default, still reports it as transient).
 
 Sending paused is an account state, not a verdict on the message: retrying later may work,
 and dead-lettering every queued message for it would empty the queue. It is *throttled*
@@ -47,13 +55,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, key_digest, sender_of
 from postlane.providers.options import ProviderURL, Secret
+from postlane.providers.progress import AttemptProgress, current_progress, in_context
 
 with requires("ses", "the SES provider"):
     import boto3
@@ -240,15 +249,39 @@ class SESProvider(Provider):
         if self._client is None or self._executor is None:
             await self.open()
         assert self._client is not None
-        call = partial(self._client.send_email, **request)
+        _watch_sending(self._client)
+        progress = current_progress()
+        progress.reach(Phase.QUEUED)
+        call = in_context(progress, partial(_send_email, progress, self._client, request))
         try:
             answer = await asyncio.get_running_loop().run_in_executor(self._executor, call)
         except ClientError as exc:
-            return outcome_of_client_error(exc, self.config.account_retry_after_s)
+            return outcome_of_client_error(exc, self.config.account_retry_after_s).at(
+                Phase.RESPONSE)
         except BotoCoreError as exc:
-            return outcome_of_botocore_error(exc)
+            sent = progress.phase is Phase.RESPONSE
+            return outcome_of_botocore_error(exc, sent=sent).at(progress.phase)
         message_id = answer.get("MessageId")
-        return Outcome.accepted(message_id, f"MessageId {message_id}")
+        return Outcome.accepted(message_id, f"MessageId {message_id}").at(Phase.RESPONSE)
+
+
+def _send_email(progress: AttemptProgress, client: SESV2Client,
+                request: dict[str, Any]) -> Any:
+    """In the pool's thread: raises ``AttemptAbandoned`` instead of sending when the
+    worker gave up while the call waited for a thread."""
+    progress.reach(Phase.REQUEST)
+    return client.send_email(**request)
+
+
+def _before_send(**_: Any) -> None:
+    """botocore is about to open the HTTP exchange: past the point of no return from here
+    (the thread runs in the attempt's context, see ``in_context``)."""
+    current_progress().reach(Phase.RESPONSE)
+
+
+def _watch_sending(client: SESV2Client) -> None:
+    client.meta.events.register("before-send.sesv2.SendEmail", _before_send,
+                                unique_id="postlane-attempt-progress")
 
 
 def outcome_of_client_error(exc: ClientError, account_retry_after_s: float = 60.0) -> Outcome:
@@ -281,8 +314,9 @@ def outcome_of_client_error(exc: ClientError, account_retry_after_s: float = 60.
     return Outcome(kind, response=text)
 
 
-def outcome_of_botocore_error(exc: BotoCoreError) -> Outcome:
-    """No answer from SES: did the request leave?"""
+def outcome_of_botocore_error(exc: BotoCoreError, *, sent: bool = True) -> Outcome:
+    """No answer from SES: did the request leave? ``sent`` False: botocore never began the
+    HTTP exchange, so nothing can be ambiguous."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, BotoConnectionError):  # connect timeout, refused, TLS, proxy
         return Outcome.transient(f"not sent: {text}")
@@ -290,6 +324,8 @@ def outcome_of_botocore_error(exc: BotoCoreError) -> Outcome:
         return Outcome.account(f"not sent: {text}")
     if isinstance(exc, ParamValidationError):
         return Outcome.permanent(f"refused before sending: {text}")
+    if not sent:
+        return Outcome.transient(f"not sent: failed before the HTTP exchange: {text}")
     if isinstance(exc, HTTPClientError):  # read timeout, connection closed mid-exchange
         return Outcome.ambiguous(f"no answer after the request left: {text}")
     return Outcome.ambiguous(f"unexpected failure around the request: {text}")

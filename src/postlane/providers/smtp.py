@@ -5,19 +5,27 @@ taken from a small pool and returned for the next transaction when it ended clea
 
 Mapping (the phase matters more than the code: SMTP tells us where we are):
 
-    connect, TLS, EHLO fail; refused; dropped before MAIL         transient
+    connect, greeting, EHLO, STARTTLS fail or stall; refused       transient
     AUTH refused (535, 534, 530...), 530 "authentication required"
     at any phase                                                   account (the breaker
                                                                    opens; nothing spent)
+    no answer to AUTH (dropped, timed out)                         transient
+    dropped or timed out at MAIL, RCPT, DATA (before the 354),
+      or while the message is handed over, before the final dot    transient
     421, 450, 451, 452 (and any 4xx) at MAIL, RCPT, DATA, or "."   transient
     550-554 (and any 5xx) at MAIL, RCPT, DATA, or "."              permanent
     a rejected RCPT (one recipient per delivery, so: the message)  permanent
-    connection lost or timeout during DATA / after the final "."  ambiguous
+    connection lost or timeout after the final "." was written     ambiguous
     250 after the final "."                                        accepted
 
-A drop inside DATA is counted as ambiguous even when it came before the 354, because the
-client library does not say which half of DATA failed: this over-reports ambiguity in a
-rare case and never under-reports it.
+The point of no return is the final dot of DATA handed to the connection: a server
+cannot accept a message before it has the dot. DATA is therefore sent in two halves
+(``_data``): the command and its 354, then the message with its dot, so the adapter knows
+which half failed. The phases it reports (``postlane.core.outcomes.Phase``): queued (a pool
+slot), connect (TCP, smtps TLS and the 220 greeting: one call in aiosmtplib), hello, tls,
+auth, envelope (MAIL, RCPT), data (DATA until the dot), response (after the dot). Each is
+reported to the worker's ``AttemptProgress`` so a deadline in any of them is classified the
+same way. BDAT (CHUNKING) is not used; aiosmtplib does not offer it.
 
 Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered),
 ``tls_verify=0``, ``ca_file=PATH``, ``pool=4`` (connections), ``timeout=10`` (seconds per
@@ -37,12 +45,13 @@ import time
 from dataclasses import dataclass
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, message_id, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
+from postlane.providers.progress import AttemptProgress, current_progress
 
 with requires("smtp", "the SMTP provider"):
     import aiosmtplib
@@ -50,12 +59,15 @@ with requires("smtp", "the SMTP provider"):
         SMTPAuthenticationError,
         SMTPDataError,
         SMTPException,
+        SMTPHeloError,
         SMTPRecipientRefused,
         SMTPResponseException,
         SMTPSenderRefused,
         SMTPServerDisconnected,
+        SMTPStatus,
         SMTPTimeoutError,
     )
+    from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
 
 USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
 PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
@@ -135,7 +147,9 @@ class _Connection:
 
 
 class _Phase(Exception):
-    """An SMTP failure tagged with the phase it happened in (internal)."""
+    """An SMTP failure tagged with the command it happened in (internal): ``mail``,
+    ``rcpt`` or ``data``, the word the response text starts with. Whether the message can
+    have left is the attempt's ``Phase``, not this."""
 
     def __init__(self, phase: str, error: BaseException) -> None:
         super().__init__(phase)
@@ -213,34 +227,41 @@ class SMTPProvider(Provider):
         except InvalidMessage as exc:
             return refused_before_sending(exc)
         msg_id = message_id(delivery.key, sender)
+        progress = current_progress()
+        progress.reach(Phase.QUEUED)
         async with self._slots:
             # A pooled connection may have been closed by the server while idle: that shows
             # at MAIL, before anything was handed over, so one fresh connection is tried.
             for attempt in range(2):
                 try:
-                    conn = await self._checkout()
+                    conn = await self._checkout(progress)
                 except SMTPAuthenticationError as exc:  # the account's login, not the message
                     return Outcome.account(f"auth: {_describe(exc)}")
                 except (SMTPException, OSError) as exc:
-                    return Outcome.transient(f"connect failed: {_describe(exc)}")
+                    return Outcome.transient(f"not sent: connect failed: {_describe(exc)}",
+                                             phase=progress.phase)
                 try:
-                    reply = await self._transaction(conn, sender, delivery.recipient, data)
+                    reply = await self._transaction(conn, sender, delivery.recipient, data,
+                                                    progress)
                 except _Phase as failure:
                     await self._after_failure(conn, failure)
                     if (failure.phase == "mail" and conn.reused and attempt == 0
                             and isinstance(failure.error, SMTPServerDisconnected)):
                         continue
-                    return _outcome_of_failure(failure)
+                    return _outcome_of_failure(failure, progress.phase or Phase.DATA)
                 except BaseException:  # cancelled mid-transaction: the session is unusable
                     _abort(conn.client)
                     raise
                 self._checkin(conn)
-                return Outcome.accepted(msg_id, f"{reply.code} {reply.message}")
+                return Outcome.accepted(msg_id, f"{reply.code} {reply.message}").at(
+                    Phase.RESPONSE)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _transaction(self, conn: _Connection, sender: str, recipient: str,
-                           data: bytes) -> aiosmtplib.SMTPResponse:
+                           data: bytes, progress: AttemptProgress
+                           ) -> aiosmtplib.SMTPResponse:
         client = conn.client
+        progress.reach(Phase.ENVELOPE)
         try:
             await client.mail(sender)
         except (SMTPException, OSError) as exc:
@@ -249,15 +270,19 @@ class SMTPProvider(Provider):
             await client.rcpt(recipient)
         except (SMTPException, OSError) as exc:
             raise _Phase("rcpt", exc) from None
+        progress.reach(Phase.DATA)
         try:
-            reply = await client.data(data)
+            reply = await _data(client, data, progress)
         except (SMTPException, OSError) as exc:
             raise _Phase("data", exc) from None
         conn.sent += 1
         return reply
 
     # -- the pool --------------------------------------------------------------------------
-    async def _checkout(self) -> _Connection:
+    async def _checkout(self, progress: AttemptProgress | None = None) -> _Connection:
+        """A connection ready for MAIL: an idle pooled one, else a new one set up step by
+        step (connect, EHLO, STARTTLS, AUTH), each step reported to ``progress``."""
+        progress = progress or AttemptProgress()
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
@@ -265,20 +290,32 @@ class SMTPProvider(Provider):
                 conn.reused = True
                 return conn
             await _quit(conn.client)
+        # STARTTLS and AUTH are driven here, not by connect(), so each reports its phase.
         client = aiosmtplib.SMTP(
             hostname=self.config.host,
             port=self.config.port,
-            username=self.config.username,
-            password=self.config.password.reveal() if self.config.password else None,
             local_hostname=self._local_hostname or "localhost",
             timeout=self.config.timeout_s,
             use_tls=self.config.use_tls,
-            start_tls=self.config.starttls,
+            start_tls=False,
             validate_certs=self.config.tls_verify,
             cert_bundle=self.config.ca_file,
         )
         try:
+            progress.reach(Phase.CONNECT)
             await client.connect()
+            progress.reach(Phase.HELLO)
+            await _hello(client)
+            starttls = self.config.starttls
+            if starttls is None:  # if offered (never on smtps://, TLS from the start)
+                starttls = not self.config.use_tls and client.supports_extension("starttls")
+            if starttls:
+                progress.reach(Phase.TLS)
+                await client.starttls()
+            if self.config.username:
+                progress.reach(Phase.AUTH)
+                password = self.config.password.reveal() if self.config.password else ""
+                await client.login(self.config.username, password)
         except BaseException:
             _abort(client)
             raise
@@ -312,15 +349,49 @@ class SMTPProvider(Provider):
             _abort(conn.client)
 
 
-def _outcome_of_failure(failure: _Phase) -> Outcome:
+async def _hello(client: aiosmtplib.SMTP) -> None:
+    try:
+        await client.ehlo()
+    except SMTPHeloError:
+        await client.helo()
+
+
+async def _data(client: aiosmtplib.SMTP, message: bytes,
+                progress: AttemptProgress) -> aiosmtplib.SMTPResponse:
+    """DATA in two halves (aiosmtplib's ``data()`` is one call): the command and its 354,
+    then the message with its final dot, the point of no return, reported just before
+    the write. No await between the report and the write, so a deadline falls either
+    before both or after both."""
+    start = await client.execute_command(b"DATA")
+    if start.code != SMTPStatus.start_input:
+        raise SMTPDataError(start.code, start.message)
+    protocol = client.protocol
+    if protocol is None or protocol.transport is None or protocol.transport.is_closing():
+        raise SMTPServerDisconnected("Connection lost")
+    payload = PERIOD_REGEX.sub(b"..", normalize_message_line_endings(message)) + b".\r\n"
+    progress.reach(Phase.RESPONSE)  # raises if the worker gave up: the dot never leaves
+    protocol.write(payload)
+    reply = await protocol.read_response(timeout=client.timeout)
+    if reply.code != SMTPStatus.completed:
+        raise SMTPDataError(reply.code, reply.message)
+    return reply
+
+
+def _outcome_of_failure(failure: _Phase, reached: Phase) -> Outcome:
+    """A failed MAIL, RCPT or DATA: a refusal by its code, anything else (a drop, a
+    timeout) by whether the final dot had been written (``reached``)."""
     error = failure.error
-    phase = failure.phase
+    command = failure.phase
     if isinstance(error, SMTPResponseException) and not isinstance(error, SMTPTimeoutError):
-        return outcome_of_reply(error.code, error.message, phase)
-    text = f"{phase}: {_describe(error)}"
-    if phase == "data":
-        return Outcome.ambiguous(f"connection lost or timed out in DATA ({text})")
-    return Outcome.transient(text)
+        outcome = outcome_of_reply(error.code, error.message, command)
+        if outcome.kind is OutcomeClass.AMBIGUOUS and not reached.may_have_reached_provider:
+            outcome = Outcome.transient(outcome.response)  # an odd answer to DATA itself
+        return outcome.at(reached)
+    text = f"{command}: {_describe(error)}"
+    if reached.may_have_reached_provider:
+        return Outcome.ambiguous(f"connection lost or timed out after the final dot ({text})",
+                                 phase=reached)
+    return Outcome.transient(f"not sent: {text}", phase=reached)
 
 
 def outcome_of_reply(code: int, message: str, phase: str) -> Outcome:

@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import (
     Decision,
     ProviderTraits,
@@ -49,6 +49,7 @@ from postlane.core.validation import redact_address
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
 from postlane.store.base import Store
+from postlane.worker.attempt import Attempt
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.controls import FleetControls
 from postlane.worker.poison import unreadable_decision
@@ -432,17 +433,15 @@ class Worker:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
         started = time.perf_counter()
+        # A hard deadline, classified by the phase the send reached (worker/attempt.py).
+        attempt = Attempt(self.provider, delivery, self.config.attempt_timeout_s,
+                          limiter=self.limiter)
         try:
-            async with asyncio.timeout(self.config.attempt_timeout_s):
-                outcome = await self.provider.send(delivery)
-        except TimeoutError:
-            outcome = Outcome.ambiguous(
-                f"no answer within {self.config.attempt_timeout_s:g}s after the request left"
-            )
+            outcome = await attempt.run()
         except asyncio.CancelledError:
             if not self._shutting_down:
                 raise
-            outcome = Outcome.ambiguous("cancelled at shutdown while in flight")
+            outcome = attempt.stopped("cancelled at shutdown while in flight")
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)

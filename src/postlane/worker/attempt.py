@@ -1,0 +1,121 @@
+"""One send attempt under a hard deadline, classified by how far it got.
+
+``provider.send`` runs as a task of its own with an ``AttemptProgress`` bound to it. The
+worker waits for that task with ``asyncio.wait`` (not ``asyncio.timeout`` around the send:
+on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
+send would then hold its slot until the library's own timeout). At the deadline:
+
+1. ``progress.abandon()`` reads the phase reached and closes the gate, so the send can no
+   longer pass its point of no return (``reach`` raises from then on);
+2. the task is cancelled, and waited for at most ``CANCEL_GRACE_S`` so that a well-behaved
+   adapter closes its connection before the slot is reused;
+3. the attempt is classified by that phase: before the point of no return it is
+   *transient* (the provider cannot have the message; retried with backoff, never held),
+   past it *ambiguous*. An adapter that reports no phase counts as past it.
+
+A reply that arrives after the deadline -- during the grace or later -- is ignored: the
+outcome is the deadline's classification, and a task that outlives the grace finishes in
+the background with its result discarded.
+
+A 429 with Retry-After closes the limiter's shared gate inside the send task, in the same
+step as the answer: the worker sees the outcome a loop iteration or two later, and any
+send of this process whose gate check fell in between would leave after the 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from postlane.core.message import Delivery
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
+from postlane.limiter.base import RateLimiter
+from postlane.providers.base import Provider
+from postlane.providers.progress import AttemptProgress, tracked_context
+
+log = logging.getLogger("postlane.worker")
+
+CANCEL_GRACE_S = 0.05
+"""How long a cancelled send may take to clean up before the worker stops waiting for it."""
+
+_abandoned: set[asyncio.Task[Outcome]] = set()
+"""Sends that outlived their deadline and grace: referenced until they end on their own."""
+
+
+class Attempt:
+    """Sends one delivery and knows, whatever happens, how far the send got."""
+
+    def __init__(self, provider: Provider, delivery: Delivery, timeout_s: float, *,
+                 limiter: RateLimiter | None = None,
+                 cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+        self.provider = provider
+        self.delivery = delivery
+        self.timeout_s = timeout_s
+        self.limiter = limiter
+        self.cancel_grace_s = cancel_grace_s
+        self.progress = AttemptProgress()
+
+    async def run(self) -> Outcome:
+        """The outcome within the deadline, or the deadline's classification. An exception
+        out of the adapter (a bug) propagates; a cancellation of the caller cancels the send
+        and propagates too (``stopped`` classifies it)."""
+        task = asyncio.get_running_loop().create_task(
+            self._send(), context=tracked_context(self.progress))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        except asyncio.CancelledError:
+            self.progress.abandon()
+            _let_go(task)
+            raise
+        if done:
+            return task.result().at(self.progress.phase)
+        phase = self.progress.abandon()
+        task.cancel()
+        await asyncio.wait({task}, timeout=self.cancel_grace_s)
+        if not task.done():
+            log.warning("delivery %d: the send ignored its cancellation at the deadline; "
+                        "left to end in the background", self.delivery.id)
+        _let_go(task)
+        waited = f"no answer within {self.timeout_s:g}s"
+        return at_deadline(phase, waited, if_sent=f"{waited} after the request left")
+
+    async def _send(self) -> Outcome:
+        outcome = await self.provider.send(self.delivery)
+        if (outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s
+                and self.limiter is not None):
+            try:
+                await self.limiter.close_gate(outcome.retry_after_s)
+            except Exception as exc:  # the worker closes it again when it reports
+                log.error("delivery %d: could not close the rate-limit gate (%s: %s)",
+                          self.delivery.id, type(exc).__name__, exc)
+        return outcome
+
+    def stopped(self, why: str) -> Outcome:
+        """The outcome of an attempt cancelled from outside (the worker shutting down)."""
+        return at_deadline(self.progress.abandon(), why, if_sent=why)
+
+
+def at_deadline(phase: Phase | None, why: str, *, if_sent: str) -> Outcome:
+    """An attempt cut off in ``phase``: transient before the point of no return, else
+    ambiguous with the text ``if_sent`` (also when the adapter reported no phase: nothing
+    proves the request did not leave)."""
+    if phase is None or phase.may_have_reached_provider:
+        return Outcome.ambiguous(if_sent, phase=phase)
+    return Outcome.transient(f"not sent: {why} (in phase {phase}, before the point of no "
+                             "return)", phase=phase)
+
+
+def _let_go(task: asyncio.Task[Outcome]) -> None:
+    """Stop caring about ``task`` without leaking it or its exception."""
+    task.cancel()
+    if task.done():
+        _consume(task)
+        return
+    _abandoned.add(task)
+    task.add_done_callback(_consume)
+
+
+def _consume(task: asyncio.Task[Outcome]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as never retrieved
