@@ -10,9 +10,8 @@ from rich.table import Table
 
 from postlane.api.keys import SCOPES, create_key
 from postlane.cli.main import console, run_with_store
-from postlane.core.records import ApiKey
 from postlane.errors import ConfigurationError
-from postlane.store.base import Store
+from postlane.store.base import ApiKey, Store
 
 apikey = typer.Typer(help="API keys for the HTTP API and the dashboard (stored hashed).",
                      no_args_is_help=True)

@@ -12,10 +12,9 @@ from rich.table import Table
 
 from postlane.cli.durations import duration_option
 from postlane.cli.main import console, delivery_json, run_with_store
-from postlane.core.records import DeadLetter, DeadLetterFilter, Event
-from postlane.core.redaction import redact_address
+from postlane.core.validation import redact_address
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
-from postlane.store.base import Store
+from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
 
 dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
                   no_args_is_help=True)

@@ -12,7 +12,6 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from postlane.cli.main import console, err_console, run_with_store
-from postlane.core.records import ImportRecord
 from postlane.errors import ImportRejected, PostlaneError
 from postlane.imports import (
     DEFAULT_BATCH_SIZE,
@@ -23,7 +22,7 @@ from postlane.imports import (
     pause,
     resume,
 )
-from postlane.store.base import Store
+from postlane.store.base import ImportRecord, Store
 
 imports = typer.Typer(help="Bulk imports as an operator sees them: show, list, pause, resume.",
                       no_args_is_help=True)

@@ -9,9 +9,8 @@ from typing import Annotated
 import typer
 
 from postlane.cli.main import console, run_with_store
-from postlane.core.records import Transition
 from postlane.core.states import DeadReason, State
-from postlane.store.base import Store
+from postlane.store.base import Store, Transition
 
 
 def cancel(

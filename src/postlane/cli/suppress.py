@@ -9,11 +9,9 @@ import typer
 from rich.table import Table
 
 from postlane.cli.main import console, run_with_store
-from postlane.core.records import Suppression
-from postlane.core.redaction import redact_address
-from postlane.core.validation import check_address
+from postlane.core.validation import check_address, redact_address
 from postlane.errors import InvalidAddress
-from postlane.store.base import Store
+from postlane.store.base import Store, Suppression
 
 suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
                        no_args_is_help=True)

@@ -9,9 +9,8 @@ import typer
 from rich.table import Table
 
 from postlane.cli.main import console, run_with_store
-from postlane.core.records import TemplateVersion
 from postlane.errors import UnknownTemplate
-from postlane.store.base import Store
+from postlane.store.base import Store, TemplateVersion
 from postlane.templates import add_template, delete_template, deprecate_template
 
 templates = typer.Typer(

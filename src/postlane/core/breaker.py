@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from postlane.core.redaction import redact_address
+from postlane.core.validation import redact_address
 
 CONTROL_PREFIX = "breaker:"
 CAUSE_LIMIT = 300
