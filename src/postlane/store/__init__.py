@@ -1,4 +1,7 @@
-"""Storage engines behind one interface; ``open_store(url)`` picks one by URL scheme."""
+"""Storage engines behind one interface; ``open_store(url)`` picks one by URL scheme.
+
+``Store`` is what an engine implements; consumers name the roles they use
+(``WorkerStore``, ``OperatorStore``... see ``postlane.store.roles``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,17 @@ from postlane.core.redaction import redact_url
 from postlane.core.validation import Limits
 from postlane.errors import ConfigurationError
 from postlane.store.base import Store
+from postlane.store.roles import (
+    ApiKeyStore,
+    FleetStore,
+    ImportStore,
+    OperatorStore,
+    ProducerStore,
+    ProviderEventStore,
+    StoreLifecycle,
+    TemplateStore,
+    WorkerStore,
+)
 
 DEFAULT_DATABASE_URL = "sqlite:///postlane.db"
 DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"
@@ -17,11 +31,20 @@ DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"
 __all__ = [
     "DATABASE_URL_ENV",
     "DEFAULT_DATABASE_URL",
+    "ApiKeyStore",
     "Claim",
+    "FleetStore",
+    "ImportStore",
+    "OperatorStore",
+    "ProducerStore",
+    "ProviderEventStore",
     "RescueResult",
     "Stats",
     "Store",
+    "StoreLifecycle",
+    "TemplateStore",
     "Transition",
+    "WorkerStore",
     "database_url",
     "open_store",
     "plain_url",

@@ -39,8 +39,9 @@ from postlane.core.validation import Limits
 
 
 class StoreLifecycle(Protocol):
-    """Opening, closing and the schema: for whoever owns a store's life, not its traffic (the
-    CLI's commands, the API's lifespan, ``postlane check``, Django's ``postlane_migrate``)."""
+    """Opening, closing and the schema. Used by whoever owns a store's life, not its traffic:
+    the CLI's commands, the API's lifespan, ``postlane check``, Django's
+    ``postlane_migrate``."""
 
     engine: str
     """``postgres`` or ``sqlite``."""
@@ -60,9 +61,10 @@ class StoreLifecycle(Protocol):
 
 
 class ProducerStore(Protocol):
-    """Writing deliveries, each in its own transaction: ``postlane enqueue``, the demo, the
-    HTTP API's ``POST /v1/messages`` (``api.submit``). The outbox form, inside the
-    application's transaction, is ``postlane.enqueue`` (``store.connections``), not a store."""
+    """Writing deliveries, each in its own transaction. Used by ``postlane enqueue``, the
+    demo and the HTTP API's ``POST /v1/messages`` (``api.submit``). The outbox form, inside
+    the application's transaction, is ``postlane.enqueue`` (``store.connections``), not a
+    store."""
 
     limits: Limits
     """What ``validate`` holds each message to before it is written."""
