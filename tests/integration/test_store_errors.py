@@ -114,28 +114,29 @@ def test_every_operation_of_each_engine_is_translated(engine: type[StoreBase]) -
         assert hasattr(getattr(engine, name), "__wrapped__"), f"{engine.__name__}.{name}"
 
 
-async def test_the_api_answers_an_outage_with_503(store: Store) -> None:
-    _, token = await create_key(store, "read", name="reader")
-    delivery = await store.enqueue(msg("k2"))
-    app = create_app(store_url(store), sample_interval_s=0)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-            headers = {"Authorization": f"Bearer {token}"}
-            ok = await client.get(f"/v1/messages/{delivery.id}", headers=headers)
-            assert ok.status_code == 200, ok.text
-            driver_error = _break(store)
-            down = await client.get(f"/v1/messages/{delivery.id}", headers=headers)
+async def test_the_api_answers_an_outage_with_503(sqlite_url: str) -> None:
+    """On SQLite, where the outage (a table gone) lasts: on PostgreSQL the pool replaces a
+    terminated connection, so the route answers from a fresh one, and a database that
+    refuses connections answers only after the pool's timeout (the engine-level test above
+    covers PostgreSQL's translation)."""
+    async with open_store(sqlite_url) as store:
+        await store.migrate()
+        _, token = await create_key(store, "read", name="reader")
+        delivery = await store.enqueue(msg("k2"))
+        app = create_app(sqlite_url, sample_interval_s=0)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+                headers = {"Authorization": f"Bearer {token}"}
+                ok = await client.get(f"/v1/messages/{delivery.id}", headers=headers)
+                assert ok.status_code == 200, ok.text
+                _break(store)
+                down = await client.get(f"/v1/messages/{delivery.id}", headers=headers)
     assert down.status_code == 503, down.text
     assert down.headers["content-type"] == "application/problem+json"
     problem = down.json()
     assert problem["type"].endswith(":store-unavailable")
     assert problem["title"] == "Database unavailable"
-    named = problem["detail"].removeprefix("the database did not answer: ")
-    assert named != problem["detail"]
-    assert any(cls.__name__ == named for cls in _subclasses(driver_error))
+    assert problem["detail"] == "the database did not answer: OperationalError"
 
-
-def _subclasses(cls: type[Exception]) -> list[type[Exception]]:
-    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
 
