@@ -140,3 +140,27 @@ async def test_the_api_answers_an_outage_with_503(sqlite_url: str) -> None:
     assert problem["detail"] == "the database did not answer: OperationalError"
 
 
+
+
+async def test_the_api_answers_an_unexpected_database_error_with_500(fresh_pg_url: str) -> None:
+    """A refusal no operation expects (a table gone on PostgreSQL: ``UndefinedTable``) is a
+    ``StoreError`` now, but the API answers it as before: 500, not "try again later"."""
+    async with open_store(fresh_pg_url) as store:
+        await store.migrate()
+        _, token = await create_key(store, "read", name="reader")
+        delivery = await store.enqueue(msg("k3"))
+        with pytest.raises(StoreError) as raised:
+            with psycopg.connect(fresh_pg_url, autocommit=True) as side:
+                side.execute("DROP TABLE postlane_events CASCADE")
+            await store.timeline(delivery.id)
+        assert type(raised.value) is StoreError
+        assert isinstance(raised.value.__cause__, psycopg.errors.UndefinedTable)
+    app = create_app(fresh_pg_url, sample_interval_s=0)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            answer = await client.get(f"/v1/messages/{delivery.id}",
+                                      headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 500, answer.text
+    assert answer.json()["type"].endswith(":internal")
+    assert answer.json()["detail"] == "an unexpected UndefinedTable; see the server log"
