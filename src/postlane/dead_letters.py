@@ -48,8 +48,9 @@ def not_useful_because(entry: DeadLetter, now: datetime,
 
 async def replay_one(store: OperatorStore, delivery_id: int, *, by: str,
                      valid_for: timedelta | None = None,
-                     now: datetime | None = None) -> DeadLetter:
-    """Replay a single entry (the canary of a selection, or a one-off fix)."""
+                     now: datetime | None = None, dry_run: bool = False) -> DeadLetter:
+    """Replay a single entry (the canary of a selection, or a one-off fix). ``dry_run``
+    runs every check (refusing as a replay would) and replays nothing."""
     entry = await store.dead_letter(delivery_id)
     if entry is None:
         raise ReplayRefused(f"no dead letter for delivery {delivery_id}")
@@ -62,6 +63,8 @@ async def replay_one(store: OperatorStore, delivery_id: int, *, by: str,
     why = not_useful_because(entry, now or datetime.now(UTC), valid_for)
     if why:
         raise ReplayRefused(f"delivery {delivery_id} is no longer useful: {why}")
+    if dry_run:
+        return entry
     if delivery_id not in await store.replay_dead_letters([delivery_id], by):
         raise ReplayRefused(f"delivery {delivery_id} changed while replaying; look again")
     return entry

@@ -22,6 +22,7 @@
     │   ├── StoreConflict         a write met a unique key another writer holds
     │   └── MigrationRequired     the schema is older than this version of Postlane
     ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
+    ├── KeyConflict               the key belongs to another producer, or to other content
     ├── ReplayRefused             a dead-letter replay failed a check (expired, no canary yet)
     ├── TemplateInUse             delete refused: deliveries still reference the template
     └── ImportRejected            a bulk import stopped before writing (strict mode, bad file)
@@ -121,6 +122,26 @@ class MigrationRequired(StoreError):
 class UnsupportedConnection(PostlaneError, TypeError):
     """``enqueue`` was handed an object it cannot write through, or a sync connection was
     handed to ``enqueue_async`` (or the reverse); see ``postlane.store.connections``."""
+
+
+class KeyConflict(PostlaneError):
+    """An enqueue found its idempotency key already written by another producer (another
+    API client, the application, an import), or by the same producer for other content.
+    Nothing is returned for a key the caller does not own; in the caller's own transaction
+    (the outbox) roll it back, as after any error.
+
+    ``conflicts`` lists ``(key, delivery id, reason)`` for every such key of the call (a
+    batch may have several); ``key`` and ``delivery_id`` are the first's."""
+
+    def __init__(self, message: str, *, conflicts: list[tuple[str, int, str]]) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
+        self.key, self.delivery_id = conflicts[0][0], conflicts[0][1]
+
+    @classmethod
+    def of(cls, conflicts: list[tuple[str, int, str]]) -> KeyConflict:
+        more = f" (and {len(conflicts) - 1} more key(s))" if len(conflicts) > 1 else ""
+        return cls(conflicts[0][2] + more, conflicts=conflicts)
 
 
 class ReplayRefused(PostlaneError):

@@ -10,9 +10,13 @@ Rows are streamed (the ``csv`` module over the file), rendered against one templ
 ``Store.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
 written in each batch's transaction. A bad row is skipped and reported with its line
 number; with ``strict`` the whole file is validated first and nothing is written if any
-row is bad. Problems with the file itself (a missing column, a variable the template needs
-that no column provides, bytes that are not UTF-8, a NUL byte anywhere) stop the import
-either way; a NUL byte is looked for before anything is written.
+row is bad. A row whose key another producer holds already (``KeyConflict``: the
+application or an API client wrote ``<template>:<user_id>:<import_id>`` before), or that an
+earlier row or run of this import wrote with other content (a repeated ``user_id`` with
+another address), is skipped and reported the same way, found when its batch is written
+(so even in strict mode). Problems with the file itself (a missing column, a variable the
+template needs that no column provides, bytes that are not UTF-8, a NUL byte anywhere) stop
+the import either way; a NUL byte is looked for before anything is written.
 
 Operators see each import (``postlane imports show``): its run record, what became of its
 deliveries, and whether it is paused (``pause``: every worker stops claiming its
@@ -26,14 +30,15 @@ import csv
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.producers import import_producer
 from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
-from postlane.errors import ImportRejected, InvalidMessage
+from postlane.errors import ImportRejected, InvalidMessage, KeyConflict
 from postlane.store.base import Store
 from postlane.store.roles import FleetStore, ImportStore, TemplateStore
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
@@ -279,6 +284,23 @@ async def import_csv(
         raise ImportRejected(f"import {import_id!r} belongs to another template")
 
     pending: asyncio.Task[list[EnqueueResult]] | None = None
+    producer = import_producer(import_id)
+
+    async def write(batch: list[Message], lines: list[int],
+                    progress: ImportProgress) -> list[EnqueueResult]:
+        """Write a batch with the counters as they were when it was read; rows whose keys
+        conflict are skipped (and reported) and the rest written again. Each try is one
+        transaction, so a refused try wrote nothing."""
+        for _ in range(3):
+            try:
+                return await store.enqueue_many_if_template_usable(
+                    template, batch, progress, validated=True, producer=producer)
+            except KeyConflict as exc:
+                batch, lines, skipped = _without_conflicts(batch, lines, exc, report)
+                progress = replace(progress, rows_enqueued=progress.rows_enqueued - skipped,
+                                   rows_skipped=progress.rows_skipped + skipped)
+        return await store.enqueue_many_if_template_usable(
+            template, batch, progress, validated=True, producer=producer)
 
     async def settle() -> None:
         nonlocal pending
@@ -293,11 +315,13 @@ async def import_csv(
         header = _read_header((row for _, row in rows), file_name, compiled)
         converter = _Rows(store, compiled, header, import_id, lane)
         batch: list[Message] = []
+        batch_lines: list[int] = []
         try:
             for line, row in rows:
                 report.rows_read += 1
                 try:
                     batch.append(converter.message(row))
+                    batch_lines.append(line)
                 except InvalidMessage as exc:
                     report.rows_skipped += 1
                     if len(report.problems) < MAX_PROBLEMS_KEPT:
@@ -306,15 +330,14 @@ async def import_csv(
                     # One batch in flight while the next is parsed and rendered.
                     await settle()
                     report.rows_enqueued += len(batch)
-                    pending = asyncio.ensure_future(store.enqueue_many_if_template_usable(
-                        template, batch, _progress(report), validated=True))
-                    batch = []
+                    pending = asyncio.ensure_future(
+                        write(batch, batch_lines, _progress(report)))
+                    batch, batch_lines = [], []
                     if on_progress is not None:
                         on_progress("import", lines.bytes, total)
             await settle()
             report.rows_enqueued += len(batch)
-            results = await store.enqueue_many_if_template_usable(
-                template, batch, _progress(report), validated=True)
+            results = await write(batch, batch_lines, _progress(report))
             report.rows_created += sum(1 for r in results if r.created)
         finally:
             if pending is not None:
@@ -325,6 +348,29 @@ async def import_csv(
     if on_progress is not None:
         on_progress("import", total, total)
     return report
+
+
+def _without_conflicts(batch: list[Message], lines: list[int], conflict: KeyConflict,
+                       report: ImportReport) -> tuple[list[Message], list[int], int]:
+    """The batch less its conflicting rows, which are counted and reported as skipped. A
+    key repeated in the batch with other content (delivery id 0) keeps its first row."""
+    reasons = {key: reason for key, _, reason in conflict.conflicts}
+    in_batch = {key for key, id_, _ in conflict.conflicts if id_ == 0}
+    kept: list[Message] = []
+    kept_lines: list[int] = []
+    seen: set[str] = set()
+    for message, line in zip(batch, lines, strict=True):
+        first = message.key not in seen
+        seen.add(message.key)
+        if message.key not in reasons or (first and message.key in in_batch):
+            kept.append(message)
+            kept_lines.append(line)
+            continue
+        report.rows_enqueued -= 1
+        report.rows_skipped += 1
+        if len(report.problems) < MAX_PROBLEMS_KEPT:
+            report.problems.append(RowProblem(line, reasons[message.key]))
+    return kept, kept_lines, len(batch) - len(kept)
 
 
 def _progress(report: ImportReport) -> ImportProgress:

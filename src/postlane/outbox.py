@@ -28,8 +28,10 @@ def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> 
     ``conn`` is a ``sqlite3``, psycopg 3 or psycopg2 connection, a SQLAlchemy
     ``Connection``, ``Session`` or ``scoped_session`` (Flask-SQLAlchemy's ``db.session``)
     over one of them, or Django's ``django.db.connection``. For async connections use
-    ``enqueue_async``. Enqueueing an existing key returns the existing delivery's id with
-    ``created=False`` and writes nothing.
+    ``enqueue_async``. Enqueueing an existing key with the same content (a retry) returns
+    the existing delivery's id with ``created=False`` and writes nothing; a key another
+    producer (an API client, an import) wrote, or written for other content, raises
+    ``KeyConflict`` (see ``postlane.core.producers``).
     """
     validate(message, limits)
     return sync_writer(conn).insert_one(message)

@@ -287,8 +287,10 @@ async def enqueue_template(
     **fields: Any,
 ) -> EnqueueResult:
     """Render and enqueue in one step. The write re-checks, under a lock, that the template
-    was not deleted or deprecated meanwhile. An existing key returns the existing delivery
-    (rendered as it was then: the new rendering is discarded)."""
+    was not deleted or deprecated meanwhile. An existing key of the application's, for the
+    same content (a rendering of another version counts as the same message), returns the
+    existing delivery, rendered as it was then: the new rendering is discarded. Otherwise
+    ``KeyConflict``."""
     message = await render_message(store, name, variables, key=key, to=to, **fields)
     return (await store.enqueue_many_if_template_usable(name, [message]))[0]
 

@@ -41,9 +41,13 @@ def test_cli_end_to_end_on_sqlite(sqlite_url: str, launcher: Launcher) -> None:
     assert first["created"] is True
     again = json.loads(launcher.cli_ok(
         db, "enqueue", "--to", "ada@example.com", "--key", "reset:token-1",
-        "--text", "Follow the link.", "--json"))
+        "--subject", "Reset your password", "--text", "Follow the link.", "--json"))
     assert again["id"] == first["id"]
     assert again["created"] is False
+    # The same key for other content is refused: a key names one message.
+    other = launcher.cli(db, "enqueue", "--to", "ada@example.com", "--key", "reset:token-1",
+                         "--text", "Follow the link.", "--json")
+    assert other.returncode == 1 and "other content" in other.stderr
     bulk = json.loads(launcher.cli_ok(
         db, "enqueue", "--to", "bob@example.com", "--key", "welcome:42:import-1",
         "--lane", "bulk", "--text", "Welcome aboard.", "--json"))

@@ -47,14 +47,27 @@ class Rollback(Exception):
     pass
 
 
+def welcome_bo() -> Any:
+    """One business event's email, built the same way each time it is sent."""
+    from django.core.mail import EmailMultiAlternatives
+
+    email = EmailMultiAlternatives(
+        "Welcome", "Hi Bo", to=["Bo <bo@example.com>"], cc=["cc@example.com"],
+        bcc=["audit@example.com"], reply_to=["help@example.com"],
+        headers={"Idempotency-Key": "welcome:2", "X-Campaign": "spring"})
+    email.attach_alternative("<p>Hi Bo</p>", "text/html")
+    email.postlane_lane = "bulk"
+    return email
+
+
 def scenario() -> dict[str, Any]:
-    from django.core.mail import EmailMessage, EmailMultiAlternatives, send_mail, send_mass_mail
+    from django.core.mail import EmailMessage, send_mail, send_mass_mail
     from django.core.management import call_command
     from django.db import connection, transaction
 
     import postlane.django
     from postlane.django.conf import store_url
-    from postlane.errors import InvalidMessage
+    from postlane.errors import InvalidMessage, KeyConflict
     from postlane.store import open_store
 
     seen: dict[str, Any] = {}
@@ -87,20 +100,20 @@ def scenario() -> dict[str, Any]:
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("INSERT INTO accounts VALUES (2, 'bo@example.com')")
-        email = EmailMultiAlternatives(
-            "Welcome", "Hi Bo", to=["Bo <bo@example.com>"], cc=["cc@example.com"],
-            bcc=["audit@example.com"], reply_to=["help@example.com"],
-            headers={"Idempotency-Key": "welcome:2", "X-Campaign": "spring"})
-        email.attach_alternative("<p>Hi Bo</p>", "text/html")
-        email.postlane_lane = "bulk"  # type: ignore[attr-defined]
-        seen["sent_2"] = email.send()
+        seen["sent_2"] = welcome_bo().send()
         seen["outbox_inside_atomic"] = len(postlane.django.outbox)
     seen["outbox_after_commit"] = len(postlane.django.outbox)
-    # The same key again: nothing new.
+    # The same email (same keys, same content) again: nothing new. The same key for
+    # another text is refused, and the transaction rolls back.
     with transaction.atomic():
-        again = EmailMessage("Welcome", "Hi Bo", to=["bo@example.com"])
-        again.postlane_key = "welcome:2:0"  # type: ignore[attr-defined]
-        again.send()
+        welcome_bo().send()
+    try:
+        with transaction.atomic():
+            other = welcome_bo()
+            other.body = "Hi Bo, something else"
+            other.send()
+    except KeyConflict as exc:
+        seen["conflict"] = str(exc)
 
     # 3. Outside any atomic block: Django's autocommit, committed at once.
     seen["send_mail"] = send_mail("Hello", "No key given", None, ["cy@example.com"])

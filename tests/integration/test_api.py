@@ -112,8 +112,9 @@ async def test_the_same_body_in_another_spelling_is_the_same_request(api: Api) -
 
 async def test_a_key_enqueued_outside_the_api_is_not_claimed_by_a_request(api: Api) -> None:
     await api.store.enqueue(msg("outbox:1"))
-    data = problem(await api.send("outbox:1", body()), 422)
-    assert "without the HTTP API" in data["detail"]
+    data = problem(await api.send("outbox:1", body()), 409)
+    assert data["type"].endswith("key-conflict") and data["field"] == "Idempotency-Key"
+    assert "the application" in data["detail"]
 
 
 async def test_post_without_idempotency_key_is_refused_with_400(api: Api) -> None:
@@ -290,6 +291,16 @@ async def test_dead_letter_replay_through_the_api_follows_the_canary_rule(api: A
     refused = problem(await api.client.post("/v1/dead-letters/replay", json=selection,
                                             headers=ops), 409)
     assert "replay one entry of this selection first" in refused["detail"]
+
+    # A dry run of the canary checks and replays nothing.
+    dry_one = await api.client.post(f"/v1/dead-letters/{ids[0]}/replay",
+                                    json={"dry_run": True}, headers=ops)
+    assert dry_one.status_code == 200, dry_one.text
+    assert dry_one.json()["replayed"] is False and "nothing was replayed" in dry_one.json()["next"]
+    untouched = (await api.client.get(f"/v1/dead-letters/{ids[0]}", headers=read)).json()
+    assert (untouched["replay_count"], untouched["replayed_at"]) == (0, None)
+    still_dead = await api.store.get(ids[0])
+    assert still_dead is not None and still_dead.state == State.DEAD
 
     canary = await api.client.post(f"/v1/dead-letters/{ids[0]}/replay", headers=ops)
     assert canary.status_code == 200, canary.text

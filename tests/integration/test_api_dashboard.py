@@ -113,6 +113,44 @@ async def test_revoking_a_key_ends_its_sessions(client: httpx.AsyncClient,
     assert response.headers["location"].startswith("/dashboard/login?next=")
 
 
+async def test_signing_out_ends_the_session_on_the_server(client: httpx.AsyncClient,
+                                                          store: Store) -> None:
+    key, token = await create_key(store, "read", name="ops")
+    await login(client, token)
+    page = await client.get("/dashboard")
+    assert page.status_code == 200
+    copied = client.cookies[COOKIE]  # a copy of the cookie taken before signing out
+    # Without its CSRF token, a sign-out form (posted from elsewhere) signs nobody out.
+    forged = await client.post("/dashboard/logout", data={"csrf": "0" * 32})
+    assert forged.status_code == 303 and forged.headers["location"] == "/dashboard"
+    assert (await client.get("/dashboard")).status_code == 200
+    signed_out = await client.post("/dashboard/logout", data={"csrf": csrf(page.text)})
+    assert signed_out.status_code == 303
+    assert signed_out.headers["location"] == "/dashboard/login"
+    stored = await store.get_api_key(key_id=key.id)
+    assert stored is not None and stored.sessions_after is not None
+    # The copied cookie is refused although its signature and expiry are still good.
+    client.cookies.clear()
+    client.cookies.set(COOKIE, copied)
+    replayed = await client.get("/dashboard")
+    assert replayed.status_code == 303
+    assert replayed.headers["location"].startswith("/dashboard/login")
+    # Signing in again opens a new session.
+    client.cookies.clear()
+    await login(client, token)
+    assert (await client.get("/dashboard")).status_code == 200
+
+
+def test_a_session_issued_before_its_keys_sign_out_is_refused() -> None:
+    sessions = Sessions(b"k" * 32)
+    cookie = sessions.read(sessions.issue(7, now=1000.0), now=1001.0)
+    assert cookie is not None and (cookie.key_id, cookie.issued_at) == (7, 1000.0)
+    assert not sessions.signed_out(cookie, None)
+    assert sessions.signed_out(cookie, 1000.5)
+    assert not sessions.signed_out(cookie, 999.0)
+    assert sessions.read(sessions.issue(7, now=1000.0), now=1000.0 + 9 * 3600) is None
+
+
 def test_apikey_cli_shows_the_token_once_and_revokes(sqlite_url: str) -> None:
     from typer.testing import CliRunner
 

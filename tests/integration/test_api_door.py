@@ -27,11 +27,11 @@ from postlane.errors import InvalidHeader, InvalidText, TemplateError
 from postlane.providers.testing import RecordingProvider
 from postlane.store import Store
 from postlane.templates import add_template, enqueue_template
-from postlane.webhooks import WebhookConfig, WebhookMalformed, receive, sign_standard
+from postlane.webhooks import WebhookMalformed, receive, sign_standard
 from tests.integration.test_api import Api, api, body, problem  # noqa: F401  (the fixture)
 from tests.integration.test_api_webhooks import SECRET, secret  # noqa: F401  (the fixture)
 from tests.integration.test_dead_letters import kill_all
-from tests.integration.test_webhooks import fetch, sns_body
+from tests.integration.test_webhooks_sns import config, sns_body, stand_in
 
 BREAKS = ["\r", "\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
 
@@ -272,7 +272,6 @@ async def test_dashboard_forms_with_a_nul_are_400_and_change_nothing(api: Api) -
 
 async def test_a_signed_ses_event_that_cannot_be_stored_is_malformed(store: Store,
                                                                      side: SideDB) -> None:
-    config = WebhookConfig(fetch_cert=fetch)
     deep: Any = "x"
     for _ in range(100):
         deep = [deep]
@@ -283,6 +282,7 @@ async def test_a_signed_ses_event_that_cannot_be_stored_is_malformed(store: Stor
          "lone surrogate"),
         ({"eventType": "Delivery", "mail": {"messageId": "m", "tags": deep}}, "deeper than"),
     ]:
-        with pytest.raises(WebhookMalformed, match=why):
-            await receive(store, "ses", {}, sns_body(event), config)
+        async with stand_in() as host:  # the SNS certificate host, on loopback
+            with pytest.raises(WebhookMalformed, match=why):
+                await receive(store, "ses", {}, sns_body(event), config(host))
     assert side.count("postlane_provider_events") == 0

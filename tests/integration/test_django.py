@@ -60,6 +60,7 @@ async def test_send_mail_in_the_callers_transaction(project: tuple[str, str, str
     assert seen["outbox_after_rollback"] == 0
     assert (seen["sent_2"], seen["outbox_inside_atomic"], seen["outbox_after_commit"]) == (
         1, 0, 3)
+    assert "other content" in seen["conflict"]
     assert (seen["send_mail"], seen["mass"], seen["fail_silently"]) == (1, 2, 0)
     assert "attachments are not supported" in seen["attachment_error"]
     assert "unknown POSTLANE settings ['LAEN']" in seen["typo"]

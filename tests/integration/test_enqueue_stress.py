@@ -46,7 +46,7 @@ async def _enqueuer(url: str, seed: int, out: str) -> None:
             keys += rng.sample(keys, k=min(len(keys), rng.randint(0, 5)))  # repeats
             results = await store.enqueue_many([
                 Message(key=k, to=f"user{k.split(':')[1]}@example.com", subject="Welcome",
-                        text=f"from process {seed}", lane="bulk")
+                        text=f"welcome {k}", lane="bulk")  # content by key only
                 for k in keys
             ])
             assert [r.key for r in results] == keys

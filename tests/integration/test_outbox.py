@@ -114,7 +114,7 @@ async def test_psycopg_sync_rollback_then_commit(pg_store: Store) -> None:
     with psycopg.connect(url) as conn:
         conn.execute("INSERT INTO accounts VALUES (1, 'alice@example.com')")
         r = postlane.enqueue(conn, msg("welcome:1"))
-        again = postlane.enqueue(conn, msg("welcome:1", subject="other"))
+        again = postlane.enqueue(conn, msg("welcome:1"))
         assert (again.id, again.created) == (r.id, False)
         # Not visible to anyone else before the caller commits.
         assert await pg_store.get("welcome:1") is None
@@ -403,13 +403,15 @@ async def test_concurrent_enqueue_same_key_threads(pg_store: Store, first_outcom
     first = psycopg.connect(url)
     second = psycopg.connect(url)
     try:
-        r1 = postlane.enqueue(first, msg("reset:race", subject="first"))
+        # Same content (a retry of one business event); metadata tells the writers apart.
+        r1 = postlane.enqueue(first, msg("reset:race", metadata={"by": "first"}))
         assert r1.created
         out: dict[str, Any] = {}
 
         def run_second() -> None:
             try:
-                out["result"] = postlane.enqueue(second, msg("reset:race", subject="second"))
+                out["result"] = postlane.enqueue(second, msg("reset:race",
+                                                             metadata={"by": "second"}))
                 second.commit()
             except BaseException as exc:  # pragma: no cover - reported below
                 out["error"] = exc
@@ -434,10 +436,10 @@ async def test_concurrent_enqueue_same_key_threads(pg_store: Store, first_outcom
     assert (await pg_store.stats()).states["pending"] == 1
     if first_outcome == "commit":
         assert (r2.id, r2.created) == (r1.id, False)
-        assert d.subject == "first"
+        assert d.metadata == {"by": "first"}
     else:
         assert r2.created and r2.id != r1.id
-        assert d.id == r2.id and d.subject == "second"
+        assert d.id == r2.id and d.metadata == {"by": "second"}
     assert [e.kind for e in await pg_store.timeline(d.id)] == ["enqueued"]
 
 
@@ -465,7 +467,7 @@ async def test_concurrent_enqueue_many_overlapping_keys(pg_store: Store) -> None
             await psycopg.AsyncConnection.connect(url) as b:
         first = await postlane.enqueue_many_async(a, [msg("bulk:1"), msg("bulk:2")])
         second = asyncio.create_task(postlane.enqueue_many_async(
-            b, [msg("bulk:2", subject="second"), msg("bulk:3"), msg("bulk:3")]))
+            b, [msg("bulk:2"), msg("bulk:3"), msg("bulk:3")]))
         await asyncio.to_thread(_wait_until_blocked, url, b.info.backend_pid)
         assert not second.done()
         await a.commit()

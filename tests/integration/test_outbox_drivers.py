@@ -25,7 +25,7 @@ from sqlalchemy.orm import scoped_session, sessionmaker
 from test_outbox import _wait_until_blocked, accounts, assert_committed, assert_nothing, pg_store
 
 import postlane
-from postlane import EnqueueResult, Message, UnsupportedConnection
+from postlane import EnqueueResult, KeyConflict, Message, UnsupportedConnection
 from postlane.store import Store
 from postlane.templates import (
     enqueue_template_in_transaction,
@@ -221,7 +221,7 @@ async def test_rollback_leaves_nothing_commit_leaves_one(pg_store: Store,
     t = await tx()
     # The enqueue first: it must join the transaction, not commit on its own.
     r = await t.enqueue(msg("welcome:1"))
-    again = await t.enqueue(msg("welcome:1", subject="other"))
+    again = await t.enqueue(msg("welcome:1", metadata={"retry": 1}))  # content the same
     assert (again.id, again.created) == (r.id, False)
     await t.execute(INSERT_ACCOUNT)
     assert await pg_store.get("welcome:1") is None  # invisible before the commit
@@ -244,8 +244,8 @@ async def test_enqueue_first_then_rollback_leaves_nothing(pg_store: Store,
 
 async def test_enqueue_many(pg_store: Store, tx: Callable[[], Any]) -> None:
     existing = await pg_store.enqueue(msg("x:0"))
-    batch = [msg("x:1"), msg("x:2", lane="bulk", headers={"X-Campaign": "7"},
-                              metadata={"user": 2}), msg("x:1"), msg("x:0"), msg("x:3")]
+    x2 = msg("x:2", lane="bulk", headers={"X-Campaign": "7"}, metadata={"user": 2})
+    batch = [msg("x:1"), x2, msg("x:1"), msg("x:0"), msg("x:3")]
     t = await tx()
     await t.execute(INSERT_ACCOUNT)
     await t.enqueue_many(batch)
@@ -256,7 +256,7 @@ async def test_enqueue_many(pg_store: Store, tx: Callable[[], Any]) -> None:
     t = await tx()
     await t.execute(INSERT_ACCOUNT)
     results = await t.enqueue_many(batch)
-    more = await t.enqueue_many([msg("x:4"), msg("x:2")])
+    more = await t.enqueue_many([msg("x:4"), x2])
     assert await t.enqueue_many([]) == []
     await t.end(commit=True)
     assert [(r.key, r.created) for r in results] == [
@@ -282,8 +282,8 @@ async def test_same_key_in_two_transactions(pg_store: Store, driver: str,
     first, second = DRIVERS[driver](url), DRIVERS[driver](url)
     await first.open()
     await second.open()
-    r1 = await first.enqueue(msg("reset:race", subject="first"))
-    waiting = asyncio.create_task(second.enqueue(msg("reset:race", subject="second")))
+    r1 = await first.enqueue(msg("reset:race", metadata={"by": "first"}))
+    waiting = asyncio.create_task(second.enqueue(msg("reset:race", metadata={"by": "second"})))
     await asyncio.to_thread(_wait_until_blocked, url, second.backend_pid())
     assert not waiting.done()  # held up by the first transaction's uncommitted key
     await first.end(commit=first_outcome == "commit")
@@ -292,10 +292,33 @@ async def test_same_key_in_two_transactions(pg_store: Store, driver: str,
     d = await pg_store.get("reset:race")
     assert d is not None
     if first_outcome == "commit":
-        assert (r2.id, r2.created, d.subject) == (r1.id, False, "first")
+        assert (r2.id, r2.created, d.metadata) == (r1.id, False, {"by": "first"})
     else:
-        assert r2.created and (d.id, d.subject) == (r2.id, "second")
+        assert r2.created and (d.id, d.metadata) == (r2.id, {"by": "second"})
     assert (await pg_store.stats()).states["pending"] == 1
+
+
+async def test_a_key_an_api_client_wrote_is_a_conflict_on_every_driver(
+        pg_store: Store, tx: Callable[[], Any]) -> None:
+    """A key belongs to its producer: no driver answers the application with a delivery an
+    HTTP API client wrote, nor with one of its own for other content."""
+    await pg_store.enqueue_request(msg("reset:4242", to="mallory@example.net"), "hash",
+                                   "apikey:1")
+    mine = await pg_store.enqueue(msg("welcome:1"))
+    for attempt in (lambda t: t.enqueue(msg("reset:4242")),
+                    lambda t: t.enqueue_many([msg("other:1"), msg("reset:4242")]),
+                    lambda t: t.enqueue(msg("welcome:1", subject="other")),
+                    lambda t: t.enqueue_many([msg("welcome:1", to="eve@example.com")])):
+        t = await tx()
+        with pytest.raises(KeyConflict):
+            await attempt(t)
+        await t.end(commit=False)
+    t = await tx()
+    assert (await t.enqueue(msg("welcome:1"))).id == mine.id  # a retry of its own
+    await t.end(commit=True)
+    assert await pg_store.get("other:1") is None
+    planted = await pg_store.get("reset:4242")
+    assert planted is not None and planted.recipient == "mallory@example.net"
 
 
 async def test_templates_through_psycopg2_and_asyncpg(pg_store: Store) -> None:

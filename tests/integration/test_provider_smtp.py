@@ -351,6 +351,45 @@ async def test_starttls_required_but_not_offered_is_transient() -> None:
     assert outcome.kind is OutcomeClass.TRANSIENT
 
 
+@pytest.fixture
+def auth_commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every AUTH command an in-process server received (before it answers it)."""
+    seen: list[str] = []
+    original = SMTPServer.smtp_AUTH
+
+    async def recording(self: SMTPServer, arg: str) -> None:
+        seen.append(arg.split(" ")[0] if arg else "")
+        await original(self, arg)
+
+    monkeypatch.setattr(SMTPServer, "smtp_AUTH", recording)
+    return seen
+
+
+async def test_credentials_never_go_to_a_server_without_starttls(
+    auth_commands: list[str],
+) -> None:
+    """The server takes AUTH in clear (it would accept the password) but offers no
+    STARTTLS: with credentials and no opt-out the connection fails before AUTH."""
+    handler, auth = Handler(), Authenticator()
+    async with smtp_server(handler, authenticator=auth, auth_require_tls=False) as server:
+        async with provider(f"smtp://mailer:{SECRET}@127.0.0.1:{server.port}") as smtp:
+            outcome = await smtp.send(delivery())
+            probe = await smtp.check()
+        assert auth_commands == [] and auth.logins == [] and handler.received == []
+        # The account's configuration, not the message's fault: the breaker pauses
+        # sending, nothing is spent, never a dead letter.
+        assert outcome.kind is OutcomeClass.ACCOUNT
+        assert "STARTTLS" in (outcome.response or "") and SECRET not in (outcome.response or "")
+        assert probe is not None and "STARTTLS" in probe
+        # The explicit opt-out, for a relay on a trusted link: AUTH in clear, then the send.
+        opted_out = (f"smtp://mailer:{SECRET}@127.0.0.1:{server.port}"
+                     "?starttls=0&allow_plain_auth=1")
+        async with provider(opted_out) as smtp:
+            sent = await smtp.send(delivery())
+    assert sent.kind is OutcomeClass.ACCEPTED
+    assert auth_commands and auth.logins == [("mailer", SECRET)]
+
+
 async def test_implicit_tls_with_credentials_from_the_environment(
     tls_context: ssl.SSLContext, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

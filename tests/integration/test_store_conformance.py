@@ -23,6 +23,7 @@ from postlane import (
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
+    KeyConflict,
     Limits,
     State,
     UnknownLane,
@@ -77,13 +78,16 @@ async def test_enqueue_creates_then_returns_existing(store: Store) -> None:
     first = await store.enqueue(msg("reset:1"))
     assert first.created is True
     assert first.key == "reset:1"
-    again = await store.enqueue(msg("reset:1", subject="a different subject",
-                                    to="bob@example.com"))
+    again = await store.enqueue(msg("reset:1"))
     assert again.created is False
     assert again.id == first.id
+    # The same key for other content is a bug in the caller: refused, nothing written.
+    with pytest.raises(KeyConflict) as refused:
+        await store.enqueue(msg("reset:1", subject="a different subject", to="bob@example.com"))
+    assert (refused.value.key, refused.value.delivery_id) == ("reset:1", first.id)
     d = await store.get(first.id)
     assert d is not None
-    # The first intent wins; the second call wrote nothing.
+    # The first intent stays; neither later call wrote anything.
     assert d.subject == "Reset your password"
     assert d.recipient == "alice@example.com"
     assert await kinds(store, first.id) == ["enqueued"]
@@ -193,7 +197,7 @@ async def test_store_limits_apply(store: Store) -> None:
 async def test_enqueue_many_results_in_input_order(store: Store, side: SideDB) -> None:
     existing = await store.enqueue(msg("c"))
     results = await store.enqueue_many(
-        [msg("a"), msg("b"), msg("a", subject="dup"), msg("c"), msg("d"), msg("b")]
+        [msg("a"), msg("b"), msg("a"), msg("c"), msg("d"), msg("b")]
     )
     assert [r.key for r in results] == ["a", "b", "a", "c", "d", "b"]
     assert [r.created for r in results] == [True, True, False, False, True, False]

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import time
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import NameOID
 
 from postlane import Message, State
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
 from postlane.providers.sandbox_events import SandboxEvents, webhook_request
 from postlane.store.base import Store
 from postlane.webhooks import WebhookConfig, WebhookRejected, receive
-from postlane.webhooks.signatures import sign_standard, sns_string_to_sign
+from postlane.webhooks.signatures import sign_standard
 from postlane.worker import Worker, WorkerConfig
 from tests.conftest import SideDB, store_url
 
@@ -162,62 +157,3 @@ async def test_resend_uses_svix_headers(store: Store) -> None:
     with pytest.raises(WebhookRejected):
         await receive(store, "resend", {k.replace("svix", "webhook"): v
                                         for k, v in headers.items()}, body, CONFIG)
-
-
-# -- SES through SNS, with a certificate of our own standing in for Amazon's ---------------
-CERT_URL = "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-test.pem"
-
-
-def _cert() -> tuple[rsa.RSAPrivateKey, bytes]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(1)
-            .not_valid_before(now - dt.timedelta(days=1))
-            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
-    return key, cert.public_bytes(serialization.Encoding.PEM)
-
-
-KEY, PEM = _cert()
-
-
-def sns_body(event: dict[str, Any], *, message_id: str = "sns-1", version: str = "2",
-             cert_url: str = CERT_URL) -> bytes:
-    message = {"Type": "Notification", "MessageId": message_id,
-               "TopicArn": "arn:aws:sns:eu-west-1:123456789012:ses-events",
-               "Message": json.dumps(event), "Timestamp": "2026-11-30T07:00:00.000Z",
-               "SignatureVersion": version, "SigningCertURL": cert_url}
-    algorithm = hashes.SHA256() if version == "2" else hashes.SHA1()
-    signature = KEY.sign(sns_string_to_sign(message), padding.PKCS1v15(), algorithm)
-    message["Signature"] = base64.b64encode(signature).decode()
-    return json.dumps(message).encode()
-
-
-def fetch(url: str) -> bytes:
-    assert url == CERT_URL
-    return PEM
-
-
-async def test_ses_bounce_through_sns(store: Store) -> None:
-    provider = SandboxProvider(SandboxConfig(seed=5))
-    delivery = await sent_delivery(store, provider, "receipt:ses", "dan@example.com")
-    event = {"eventType": "Bounce", "mail": {"messageId": delivery.provider_message_id,
-                                             "destination": ["dan@example.com"]},
-             "bounce": {"bounceType": "Permanent",
-                        "bouncedRecipients": [{"emailAddress": "dan@example.com"}]}}
-    config = WebhookConfig(fetch_cert=fetch)
-    for version in ("1", "2"):
-        result = await receive(store, "ses", {}, sns_body(event, message_id=f"m{version}",
-                                                          version=version), config)
-        assert result.status == 200
-    assert [s.address for s in await store.list_suppressions()] == ["dan@example.com"]
-
-    good = sns_body(event, message_id="m3")
-    with pytest.raises(WebhookRejected, match="does not match"):
-        await receive(store, "ses", {}, good.replace(b"Permanent", b"Transient"), config)
-    with pytest.raises(WebhookRejected, match="SigningCertURL"):
-        await receive(store, "ses", {}, sns_body(event, cert_url="https://evil.example.com/c.pem"),
-                      config)
-    with pytest.raises(WebhookRejected):
-        await receive(store, "ses", {}, b"not json", config)

@@ -88,7 +88,7 @@ async def check_attempt(store: Store, key: str, step: Step, server: MisbehavingS
 @pytest.mark.parametrize("step", STEPS)
 async def test_stall_cut_off_by_the_attempt_deadline(store: Store, step: Step) -> None:
     async with misbehaving_smtp(step, "stall") as server:
-        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&from=noreply@example.com&timeout={NEVER:g}"
+        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&allow_plain_auth=1&from=noreply@example.com&timeout={NEVER:g}"
         r = await store.enqueue(msg(f"phase:{step}"))
         async with running(worker_for(store, url, attempt_timeout_s=0.4)):
             await check_attempt(store, r.key, step, server)
@@ -98,7 +98,7 @@ async def test_stall_cut_off_by_the_attempt_deadline(store: Store, step: Step) -
 @pytest.mark.parametrize("step", STEPS)
 async def test_stall_cut_off_by_the_client_timeout(store: Store, step: Step) -> None:
     async with misbehaving_smtp(step, "stall") as server:
-        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&from=noreply@example.com&timeout=0.3"
+        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&allow_plain_auth=1&from=noreply@example.com&timeout=0.3"
         r = await store.enqueue(msg(f"phase:{step}"))
         async with running(worker_for(store, url, attempt_timeout_s=NEVER)):
             await check_attempt(store, r.key, step, server)
@@ -107,7 +107,7 @@ async def test_stall_cut_off_by_the_client_timeout(store: Store, step: Step) -> 
 @pytest.mark.parametrize("step", STEPS)
 async def test_connection_dropped(store: Store, step: Step) -> None:
     async with misbehaving_smtp(step, "drop") as server:
-        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&from=noreply@example.com&timeout={NEVER:g}"
+        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&allow_plain_auth=1&from=noreply@example.com&timeout={NEVER:g}"
         r = await store.enqueue(msg(f"phase:{step}"))
         async with running(worker_for(store, url, attempt_timeout_s=NEVER)):
             await check_attempt(store, r.key, step, server)
@@ -116,7 +116,7 @@ async def test_connection_dropped(store: Store, step: Step) -> None:
 
 async def test_a_well_behaved_server_is_sent_in_phase_response(store: Store) -> None:
     async with misbehaving_smtp() as server:
-        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&from=noreply@example.com"
+        url = f"smtp://user:secret@127.0.0.1:{server.port}?starttls=0&allow_plain_auth=1&from=noreply@example.com"
         r = await store.enqueue(msg("phase:none"))
         async with running(worker_for(store, url, attempt_timeout_s=NEVER)):
             d, events = await first_attempt(store, r.key)

@@ -6,16 +6,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from postlane.store.postgres._drivers import INSERT_UNNEST, numbered
-from postlane.store.postgres._producing import INSERT_ONE, SELECT_ID_BY_KEY
+from postlane.store.postgres._producing import HELD_BY_KEYS, INSERT_ONE
 
 
 def test_named_parameters_are_numbered_once_each() -> None:
     assert numbered("SELECT %(a)s, %(b)s, %(a)s") == ("SELECT $1, $2, $1", ("a", "b"))
-    assert numbered(SELECT_ID_BY_KEY)[0].endswith("idempotency_key = $1")
+    assert numbered(HELD_BY_KEYS)[0].endswith("idempotency_key = ANY($1)")
 
 
 def test_the_outbox_statements_keep_no_psycopg_placeholder() -> None:
-    for sql in (INSERT_ONE, INSERT_UNNEST):
+    for sql in (INSERT_ONE, INSERT_UNNEST, HELD_BY_KEYS):
         statement, names = numbered(sql)
         assert "%" not in statement
         assert len(names) == len(set(names))

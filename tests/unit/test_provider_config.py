@@ -108,6 +108,28 @@ def test_smtp_ports_and_tls(url: str, port: int, tls: bool, starttls: bool | Non
     assert (config.port, config.use_tls, config.starttls) == (port, tls, starttls)
 
 
+@pytest.mark.parametrize(("url", "starttls"), [
+    (f"smtp://mailer:{SECRET}@h", True),  # credentials: TLS required by default
+    (f"smtp://mailer:{SECRET}@h?starttls=1", True),
+    (f"smtp://mailer:{SECRET}@h?starttls=0&allow_plain_auth=1", False),  # opted out
+    (f"smtp://mailer:{SECRET}@h?allow_plain_auth=1", None),  # TLS if offered, else clear
+    (f"smtps://mailer:{SECRET}@h", False),  # TLS from the start
+    ("smtp://h", None),  # no credentials: nothing to protect
+])
+def test_smtp_credentials_require_tls_unless_opted_out(url: str, starttls: bool | None) -> None:
+    assert SMTPConfig.from_url(url).starttls is starttls
+
+
+def test_smtp_credentials_without_tls_need_the_explicit_opt_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="allow_plain_auth=1") as caught:
+        SMTPConfig.from_url(f"smtp://mailer:{SECRET}@h:25?starttls=0")
+    assert SECRET not in str(caught.value)
+    monkeypatch.setenv("POSTLANE_SMTP_USERNAME", "env-user")
+    with pytest.raises(ConfigurationError, match="in clear"):
+        SMTPConfig.from_url("smtp://h?starttls=0")
+
+
 def test_smtp_credentials_from_url_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     config = SMTPConfig.from_url(f"smtp://mailer:{SECRET}@h:587?starttls=1&pool=8&timeout=2.5")
     assert config.username == "mailer" and config.password == Secret(SECRET)

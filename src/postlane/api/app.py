@@ -15,7 +15,8 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from postlane import __version__
-from postlane.api import problems
+from postlane.api import access_log, problems
+from postlane.api.auth_first import AuthFirst
 from postlane.api.models import Health
 from postlane.api.routes import router
 from postlane.api.routes_content import router as content_router
@@ -147,6 +148,7 @@ def create_app(
         store = open_store(store_url, limits=Limits(lanes=lane_names))
         await store.open()
         sampler_task: asyncio.Task[None] | None = None
+        redactor = access_log.install()
         try:
             ensure_migrated(await store.pending_migrations())
             state.store = store
@@ -161,6 +163,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler_task
             state.store = None
+            access_log.uninstall(redactor)
             await store.close()
 
     app = FastAPI(
@@ -213,4 +216,6 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(AuthFirst, state=state,  # outermost: it runs first
+                       routes=[*router.routes, *content_router.routes])
     return app

@@ -22,6 +22,7 @@ from starlette.routing import Match
 
 from postlane.errors import (
     InvalidMessage,
+    KeyConflict,
     MigrationRequired,
     ReplayRefused,
     StoreError,
@@ -218,6 +219,10 @@ def install(app: FastAPI) -> None:
     async def _invalid_message(request: Request, exc: InvalidMessage) -> JSONResponse:
         return problem_response(422, TYPE_BASE + "invalid-message", "Invalid message",
                                 str(exc), field=exc.field)
+
+    @app.exception_handler(KeyConflict)
+    async def _key_conflict(request: Request, exc: KeyConflict) -> JSONResponse:
+        return problem_response(409, TYPE_BASE + "key-conflict", "Key conflict", str(exc))
 
     @app.exception_handler(ReplayRefused)
     async def _replay_refused(request: Request, exc: ReplayRefused) -> JSONResponse:

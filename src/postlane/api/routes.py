@@ -41,6 +41,7 @@ from postlane.api.state import AppState, actor, app_state, get_store, require
 from postlane.api.submit import IdempotencyConflict, submit
 from postlane.core.records import ApiKey, DeadLetterFilter
 from postlane.dead_letters import replay_one, replay_selection
+from postlane.errors import KeyConflict
 from postlane.metrics import fleet_status
 from postlane.store.base import Store
 from postlane.worker.controls import pause_lane, resume_lane
@@ -86,28 +87,33 @@ OPERATE_ERRORS = problem_responses(401, 403, 404, 409, 413, 422, 503)
                   "Location": {"description": "The message.", "schema": {"type": "string"}},
                   "Idempotent-Replayed": {"description": "`true` when this answers a repeat.",
                                           "schema": {"type": "string"}}}},
-        **problem_responses(400, 401, 403, 413, 422, 503),
+        **problem_responses(400, 401, 403, 409, 413, 422, 503),
     },
 )
 async def post_message(
     body: MessageIn,
     response: Response,
     store: StoreDep,
-    _key: Sender,
+    client: Sender,
     idempotency_key: Annotated[str, Header(
         alias="Idempotency-Key", min_length=1, max_length=255,
         pattern=r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$",
         description="Required. The delivery's idempotency key, derived from the business "
                     "event (`reset:<token-id>`). The same key with the same body returns "
                     "the original answer; with a different body it is refused (422). "
+                    "A key written by another producer (the application, an import, "
+                    "another API key) is refused (409). "
                     "Without it the request is refused (400).")],
 ) -> MessageAccepted:
     """Durable when this returns. Scope: `send`."""
     try:
-        delivery, created = await submit(store, idempotency_key, body)
+        delivery, created = await submit(store, idempotency_key, body, client)
     except IdempotencyConflict as exc:
         raise ProblemError(422, "idempotency-key-reused", "Idempotency-Key reused",
                            str(exc), field="Idempotency-Key") from None
+    except KeyConflict as exc:
+        raise ProblemError(409, "key-conflict", "Key conflict", str(exc),
+                           field="Idempotency-Key") from None
     response.headers["Location"] = f"/v1/messages/{delivery.id}"
     if not created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -196,18 +202,22 @@ async def replay_dead_letter(
     body: Annotated[ReplayOneIn | None, Body()] = None,
 ) -> ReplayOneOut:
     """Sends the same row again: same key, same rendered content, a fresh attempt budget.
-    Refused (409) when discarded, not dead, or no longer useful. Once it is sent, replay the
+    Refused (409) when discarded, not dead, or no longer useful. `dry_run` runs the same
+    checks and replays nothing. Once it is sent, replay the
     rest of its selection with `POST /v1/dead-letters/replay`. Scope: `operate`."""
     body = body or ReplayOneIn()
     if await store.dead_letter(delivery_id) is None:
         raise not_found(f"no dead letter for delivery {delivery_id}")
     window = timedelta(seconds=body.valid_for_s) if body.valid_for_s else None
-    entry = await replay_one(store, delivery_id, by=actor(key), valid_for=window)
+    entry = await replay_one(store, delivery_id, by=actor(key), valid_for=window,
+                             dry_run=body.dry_run)
     return ReplayOneOut(
         delivery_id=entry.delivery_id, key=_str(entry.snapshot.get("idempotency_key")),
-        replayed=True,
-        next="when it is sent, replay the rest with POST /v1/dead-letters/replay and the "
-             "same filters")
+        replayed=not body.dry_run,
+        next="dry run: nothing was replayed; send it again without dry_run to replay"
+        if body.dry_run else
+        "when it is sent, replay the rest with POST /v1/dead-letters/replay and the "
+        "same filters")
 
 
 @router.post("/dead-letters/replay", response_model=ReplayPlanOut, tags=["dead letters"],
@@ -306,13 +316,18 @@ async def webhook(
         raise ProblemError(501, "not-implemented", "Not implemented",
                            "webhooks are not available in this build") from None
     body = await request.body()
+    config = webhooks.WebhookConfig.from_env(app_state(request).sns_certificates)
     try:
-        result = await webhooks.receive(store, provider, dict(request.headers), body)
+        result = await webhooks.receive(store, provider, dict(request.headers), body, config)
     except webhooks.WebhookMalformed as exc:
         raise ProblemError(400, "webhook-malformed", "Malformed webhook", str(exc)) from None
     except webhooks.WebhookRejected as exc:
         raise ProblemError(401, "webhook-rejected", "Webhook rejected", str(exc),
                            headers={"WWW-Authenticate": "Signature"}) from None
+    except webhooks.CertificateUnavailable as exc:
+        raise ProblemError(503, "certificate-unavailable", "Certificate unavailable",
+                           f"{exc}; the notification was not processed: send it again "
+                           "later", headers={"Retry-After": "60"}) from None
     response.status_code = result.status
     return WebhookOut(status=result.status, detail=result.detail,
                       events=list(getattr(result, "events", [])))

@@ -16,6 +16,7 @@ from postlane.api.sessions import Sessions
 from postlane.core.records import ApiKey
 from postlane.metrics import FleetSampler, StoreCollector
 from postlane.store.base import Store
+from postlane.webhooks.sns_certificates import SnsCertificates
 
 
 @dataclass
@@ -28,6 +29,9 @@ class AppState:
     sessions: Sessions = field(default_factory=Sessions)
     max_body_bytes: int = 1024 * 1024
     cookie_secure: bool = False
+    sns_certificates: SnsCertificates = field(default_factory=SnsCertificates)
+    """The SES webhook's certificate cache (one per process). Always the default: no option
+    reaches its test-only ``base_url``."""
 
     def require_store(self) -> Store:
         if self.store is None:
@@ -55,24 +59,40 @@ bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
                                 "`Authorization: Bearer pl_...`.")
 
 
+async def check_key(store: Store, token: str | None, scope: str) -> ApiKey:
+    """The active API key of ``token``, which must grant ``scope``; 401 / 403 if not."""
+    if token is None:
+        raise unauthorized("send an API key: `Authorization: Bearer pl_...` "
+                           "(create one with `postlane apikey create`)")
+    key = await authenticate(store, token)
+    if key is None:
+        raise unauthorized("the API key is unknown or revoked")
+    if scope not in key.scopes:
+        raise forbidden(f"API key {key.prefix}... ({key.name}) lacks the {scope!r} scope "
+                        f"(it has: {', '.join(key.scopes)})")
+    return key
+
+
+CHECKED_KEY = "postlane_api_key"
+"""Where ``AuthFirst`` leaves the key it checked, in the request's scope state."""
+
+
 def require(scope: str) -> Callable[..., Coroutine[Any, Any, ApiKey]]:
-    """A dependency: the caller's API key, which must grant ``scope`` (401 / 403 if not)."""
+    """A dependency: the caller's API key, which must grant ``scope`` (401 / 403 if not).
+    ``AuthFirst`` checks it before the body is read; this takes its answer (or checks, when
+    the route is called some other way)."""
 
     async def _key(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
     ) -> ApiKey:
-        if credentials is None:
-            raise unauthorized("send an API key: `Authorization: Bearer pl_...` "
-                               "(create one with `postlane apikey create`)")
-        key = await authenticate(get_store(request), credentials.credentials)
-        if key is None:
-            raise unauthorized("the API key is unknown or revoked")
-        if scope not in key.scopes:
-            raise forbidden(f"API key {key.prefix}... ({key.name}) lacks the {scope!r} scope "
-                            f"(it has: {', '.join(key.scopes)})")
-        return key
+        checked = request.scope.get("state", {}).get(CHECKED_KEY)
+        if isinstance(checked, ApiKey) and scope in checked.scopes:
+            return checked
+        return await check_key(get_store(request), credentials.credentials
+                               if credentials is not None else None, scope)
 
+    _key.postlane_scope = scope  # type: ignore[attr-defined]  # read by AuthFirst
     return _key
 
 

@@ -5,6 +5,11 @@ the delivery and keeps the SHA-256 of its canonical body with it (in the same tr
 a later request with that key gets the same delivery if its body hashes the same, and is
 refused otherwise: a key reused for a different message is a bug in the caller, and
 silently returning the first message would hide it.
+
+A key belongs to its producer (``core.producers``): the delivery records the API key that
+wrote it, and a key written by another producer (the application's outbox, an import,
+another API key) is refused with 409 (``KeyConflict``), so that no client can capture a
+key the application will use, nor another client's.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from typing import Protocol
 
 from postlane.api.models import MessageIn
 from postlane.core.message import Delivery
+from postlane.core.producers import api_producer
+from postlane.core.records import ApiKey
 from postlane.core.validation import check_key
 from postlane.errors import PostlaneError, StoreError
 from postlane.store.roles import OperatorStore, ProducerStore
 
 
 class IdempotencyConflict(PostlaneError):
-    """The key names a delivery that a different request (or no request) created."""
+    """This client used the key before for a different request body."""
 
     def __init__(self, message: str, delivery_id: int) -> None:
         super().__init__(message)
@@ -31,20 +38,20 @@ class SubmitStore(ProducerStore, OperatorStore, Protocol):
     back to answer with it."""
 
 
-async def submit(store: SubmitStore, key: str, body: MessageIn) -> tuple[Delivery, bool]:
-    """Enqueue ``body`` under ``key``; returns the delivery and whether this call created it.
+async def submit(store: SubmitStore, key: str, body: MessageIn,
+                 client: ApiKey) -> tuple[Delivery, bool]:
+    """Enqueue ``body`` under ``key`` for ``client``; returns the delivery and whether this
+    call created it.
 
-    Raises ``InvalidMessage`` (nothing written) or ``IdempotencyConflict``.
+    Raises ``InvalidMessage`` (nothing written), ``KeyConflict`` (the key belongs to another
+    producer: the application, an import, another API key) or ``IdempotencyConflict`` (this
+    client used the key for another body).
     """
     check_key(key)
     request_hash = body.request_hash()
-    result, stored_hash = await store.enqueue_request(body.message(key), request_hash)
+    result, stored_hash = await store.enqueue_request(body.message(key), request_hash,
+                                                      api_producer(client.id))
     if not result.created and stored_hash != request_hash:
-        if stored_hash is None:
-            raise IdempotencyConflict(
-                f"Idempotency-Key {key!r} already names delivery {result.id}, which was "
-                "enqueued without the HTTP API (outbox or CLI); use a key of its own",
-                result.id)
         raise IdempotencyConflict(
             f"Idempotency-Key {key!r} was already used for delivery {result.id} with a "
             "different body; a key names one message: send the same body to get the same "

@@ -327,6 +327,8 @@ class ApiKey:
     scopes: tuple[str, ...]
     created_at: datetime
     revoked_at: datetime | None
+    sessions_after: float | None = None
+    """Dashboard sessions issued before this (unix seconds) are over: signed out."""
 
     @property
     def active(self) -> bool:

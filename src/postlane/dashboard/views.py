@@ -67,9 +67,10 @@ async def session(request: Request) -> Session:
     state = app_state(request)
     store = state.require_store()
     cookie = request.cookies.get(COOKIE, "")
-    key_id = state.sessions.verify(cookie)
-    key = await store.get_api_key(key_id=key_id) if key_id is not None else None
-    if key is None or not key.active or "read" not in key.scopes:
+    signed = state.sessions.read(cookie)
+    key = await store.get_api_key(key_id=signed.key_id) if signed is not None else None
+    if (key is None or signed is None or not key.active or "read" not in key.scopes
+            or state.sessions.signed_out(signed, key.sessions_after)):
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target if request.method == "GET" else PREFIX)
     return Session(key, cookie, state.sessions.csrf_token(cookie), store, state)
@@ -163,6 +164,11 @@ async def login(request: Request, api_key: Annotated[str, Form()],
 
 @router.post("/logout")
 async def logout(s: Signed, csrf: Csrf) -> RedirectResponse:
+    """End the session on the server (every session of the key issued until now), not
+    only the cookie of this browser; a forged form (no CSRF token) signs nobody out."""
+    if not s.state.sessions.check_csrf(s.cookie, csrf):
+        return back(PREFIX, "the form expired; try again", ok=False)
+    await s.store.end_api_key_sessions(s.key.id, time.time())
     response = RedirectResponse(f"{PREFIX}/login", status_code=303)
     response.delete_cookie(COOKIE, path=PREFIX)
     return response

@@ -7,7 +7,7 @@ Mapping (the phase matters more than the code: SMTP tells us where we are):
 
     connect, greeting, EHLO, STARTTLS fail or stall; refused       transient
     AUTH refused (535, 534, 530...), 530 "authentication required"
-    at any phase                                                   account (the breaker
+    at any phase; no STARTTLS offered while credentials need it    account (the breaker
                                                                    opens; nothing spent)
     no answer to AUTH (dropped, timed out)                         transient
     dropped or timed out at MAIL, RCPT, DATA (before the 354),
@@ -27,7 +27,9 @@ auth, envelope (MAIL, RCPT), data (DATA until the dot), response (after the dot)
 reported to the worker's ``AttemptProgress`` so a deadline in any of them is classified the
 same way. BDAT (CHUNKING) is not used; aiosmtplib does not offer it.
 
-Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered),
+Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered, and
+required when credentials are configured), ``allow_plain_auth=1`` (with ``starttls=0``:
+send credentials over a connection without TLS, to a relay on a trusted link),
 ``tls_verify=0``, ``ca_file=PATH``, ``pool=4`` (connections), ``timeout=10`` (seconds per
 command), ``max_per_connection=100``, ``idle_timeout=30``, ``helo=NAME``, ``from=ADDR``
 (default sender), ``account=NAME``. Credentials: in the URL, else
@@ -108,9 +110,11 @@ class SMTPConfig:
         if use_tls and starttls:
             raise ConfigurationError("smtps:// is TLS from the start; starttls=1 is for smtp://")
         username = parsed.username or os.environ.get(USERNAME_ENV) or None
+        port = parsed.port or (465 if use_tls else 587 if starttls else 25)
+        starttls = _tls_for_credentials(parsed, starttls, None if use_tls else username)
         config = cls(
             host=parsed.host,
-            port=parsed.port or (465 if use_tls else 587 if starttls else 25),
+            port=port,
             use_tls=use_tls,
             starttls=False if use_tls else starttls,
             tls_verify=bool(parsed.flag("tls_verify", True)),
@@ -127,6 +131,22 @@ class SMTPConfig:
         )
         parsed.finish()
         return config
+
+
+def _tls_for_credentials(parsed: ProviderURL, starttls: bool | None,
+                         username: str | None) -> bool | None:
+    """Credentials never travel in clear. With a username, STARTTLS is required (a server
+    that does not offer it fails the connection before AUTH) unless the URL opts out of
+    both on purpose: ``starttls=0&allow_plain_auth=1``."""
+    allow_plain = bool(parsed.flag("allow_plain_auth", False))
+    if not username or allow_plain:
+        return starttls
+    if starttls is False:
+        raise ConfigurationError(
+            f"{parsed.redacted!r} has credentials and starttls=0: they would travel in clear; "
+            "use TLS (smtps://, or starttls=1, the default with credentials), or add "
+            "allow_plain_auth=1 for a relay on a link you trust")
+    return True
 
 
 AUTH_CODES = frozenset({530, 534, 535, 538})
@@ -238,6 +258,10 @@ class SMTPProvider(Provider):
                 except SMTPAuthenticationError as exc:  # the account's login, not the message
                     return Outcome.account(f"auth: {_describe(exc)}")
                 except (SMTPException, OSError) as exc:
+                    if self._no_tls_for_credentials(exc):
+                        return Outcome.account(
+                            "connect: the server offers no STARTTLS, and credentials are "
+                            "never sent in clear (starttls=0&allow_plain_auth=1 to allow it)")
                     return Outcome.transient(f"not sent: connect failed: {_describe(exc)}",
                                              phase=progress.phase)
                 try:
@@ -277,6 +301,13 @@ class SMTPProvider(Provider):
             raise _Phase("data", exc) from None
         conn.sent += 1
         return reply
+
+    def _no_tls_for_credentials(self, exc: BaseException) -> bool:
+        """Did the connection stop, before AUTH, because STARTTLS (required with
+        credentials) is not offered? The account's configuration, not the message's fault.
+        (aiosmtplib says so with a bare ``SMTPException``, after closing the client.)"""
+        return (self.config.username is not None and self.config.starttls is True
+                and type(exc) is SMTPException and "STARTTLS" in str(exc))
 
     # -- the pool --------------------------------------------------------------------------
     async def _checkout(self, progress: AttemptProgress | None = None) -> _Connection:

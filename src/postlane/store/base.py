@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.producers import LEGACY_API
 from postlane.core.records import (
     MAX_RESPONSE_CHARS,
     STATUS_RANK,
@@ -61,6 +62,7 @@ from postlane.store.roles import (
 __all__ = [  # the records and roles are re-exported: older code imports them from here
     "DEAD_LETTER_COLUMNS",
     "DELIVERY_COLUMNS",
+    "HELD_COLUMNS",
     "IMPORT_COLUMNS",
     "MAX_RESPONSE_CHARS",
     "STATUS_RANK",
@@ -202,6 +204,15 @@ IMPORT_COLUMNS = (
     "last_started_at, finished_at, rows_read, rows_enqueued, rows_created, rows_skipped"
 )
 
+
+HELD_COLUMNS = (
+    "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
+    f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
+    "html_body, headers, template_id, template_version, import_id"
+)
+"""The fields of ``core.producers.Held``, in order, from ``postlane_deliveries`` (headers as
+the engine returns them: a dict on PostgreSQL, JSON text on SQLite). A row the HTTP API
+wrote before producers were recorded (migration 0006) reads as held by ``LEGACY_API``."""
 
 def json_text(value: Mapping[str, Any]) -> str:
     """Headers or metadata as the JSON text both engines store; most are empty, and

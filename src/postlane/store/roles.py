@@ -79,12 +79,14 @@ class ProducerStore(Protocol):
 
     @abc.abstractmethod
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
-        """``enqueue`` for an HTTP request: a new delivery keeps ``request_hash`` (the hash of
-        the request's canonical body), written in the same transaction. Returns the result
-        and the hash kept with the delivery: this one when created, the first request's when
-        the key existed, None when the key was enqueued another way (outbox, CLI)."""
+        """``enqueue`` for an HTTP request by ``producer`` (``apikey:<id>``): a new delivery
+        keeps ``request_hash`` (the hash of the request's canonical body), written in the
+        same transaction. Returns the result and the hash kept with the delivery: this one
+        when created, the first request's when this producer wrote the key before. A key
+        written by another producer raises ``KeyConflict``; content is not compared here
+        (the caller compares the request hashes)."""
 
 
 class FleetStore(Protocol):
@@ -285,6 +287,7 @@ class TemplateStore(Protocol):
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
         progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
     ) -> list[EnqueueResult]:
         """``enqueue_many`` of messages rendered from ``template``, in one transaction that
         first checks (and locks against delete and deprecate) that the template exists and is
@@ -294,6 +297,8 @@ class TemplateStore(Protocol):
         read, enqueued and skipped as given; created grows by the rows this call created.
         ``validated``: the caller already ran ``validate`` on each message with this store's
         limits (the import does, to skip bad rows), so it is not run twice.
+        ``producer``: who writes (None: the application; ``import:<id>`` for an import);
+        a key held by another producer or for other content raises ``KeyConflict``.
         """
 
 
@@ -348,6 +353,11 @@ class ApiKeyStore(Protocol):
     @abc.abstractmethod
     async def revoke_api_key(self, key_id: int) -> bool:
         """Revoke an active key; False when no active key has that id."""
+
+    @abc.abstractmethod
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        """End the dashboard sessions of a key issued before ``before`` (unix seconds):
+        signing out. False when no key has that id."""
 
 
 class ProviderEventStore(Protocol):

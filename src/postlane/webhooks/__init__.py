@@ -6,7 +6,12 @@
   (comma-separated: during a rotation both the old and the new secret verify).
 - ``resend``: the same scheme with ``svix-`` headers; ``POSTLANE_WEBHOOK_SECRET_RESEND``.
 - ``ses``: Amazon SNS notifications carrying SES events, verified against the SNS
-  certificate (fetched only from ``sns.<region>.amazonaws.com``).
+  certificate (fetched only from ``https://sns.<region>.amazonaws.com/....pem``, without
+  blocking, cached: ``sns_certificates``), from the topics listed in
+  ``POSTLANE_WEBHOOK_SES_TOPICS`` (comma-separated TopicArns; none listed: every SES
+  webhook is refused, since any AWS account can sign a notification to this endpoint),
+  and at most an hour old. A certificate that cannot be fetched now raises
+  ``CertificateUnavailable`` (the API answers 503: SNS retries).
 """
 
 from __future__ import annotations
@@ -16,26 +21,28 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from postlane.core.records import ProviderEvent
 from postlane.core.validation import json_problem
 from postlane.store.roles import ProviderEventStore
 from postlane.webhooks.signatures import (
-    CertFetcher,
     WebhookMalformed,
     WebhookRejected,
     sign_standard,
     verify_sns,
     verify_standard,
 )
+from postlane.webhooks.sns_certificates import CertificateUnavailable, SnsCertificates
 
-__all__ = ["WebhookConfig", "WebhookMalformed", "WebhookRejected", "WebhookResult", "receive",
-           "sign_standard"]
+__all__ = ["CertificateUnavailable", "SnsCertificates", "WebhookConfig", "WebhookMalformed",
+           "WebhookRejected", "WebhookResult", "receive", "sign_standard"]
 
 MAX_DEPTH = 32
 """Deepest nesting a payload may have; every provider's events stay under ten levels."""
+SES_TOPICS_ENV = "POSTLANE_WEBHOOK_SES_TOPICS"
+_CERTIFICATES = SnsCertificates()
+"""The process's certificate cache when the caller brings none (the API brings its own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +56,20 @@ class WebhookResult:
 class WebhookConfig:
     secrets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     tolerance_s: int = 300
-    fetch_cert: CertFetcher | None = None
+    certificates: SnsCertificates | None = None
     clock: Callable[[], float] = time.time
+    sns_topics: tuple[str, ...] = ()
+    """TopicArns whose notifications ``ses`` accepts (``POSTLANE_WEBHOOK_SES_TOPICS``)."""
 
     @classmethod
-    def from_env(cls) -> WebhookConfig:
+    def from_env(cls, certificates: SnsCertificates | None = None) -> WebhookConfig:
         secrets = {}
         for provider in ("sandbox", "resend"):
             raw = os.environ.get(f"POSTLANE_WEBHOOK_SECRET_{provider.upper()}", "")
             secrets[provider] = tuple(s.strip() for s in raw.split(",") if s.strip())
-        return cls(secrets=secrets)
+        topics = tuple(t.strip() for t in os.environ.get(SES_TOPICS_ENV, "").split(",")
+                       if t.strip())
+        return cls(secrets=secrets, certificates=certificates, sns_topics=topics)
 
     def secrets_for(self, provider: str) -> tuple[str, ...]:
         return tuple(self.secrets.get(provider, ()))
@@ -66,8 +77,9 @@ class WebhookConfig:
 
 async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str, str], body: bytes,
                   config: WebhookConfig | None = None) -> WebhookResult:
-    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401), or
-    ``WebhookMalformed`` (-> 400) for a payload that cannot be read or stored."""
+    """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401),
+    ``WebhookMalformed`` (-> 400) for a payload that cannot be read or stored, or
+    ``CertificateUnavailable`` (-> 503)."""
     config = config or WebhookConfig.from_env()
     if provider in ("sandbox", "resend"):
         prefix = "webhook" if provider == "sandbox" else "svix"
@@ -76,7 +88,9 @@ async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str
                                    tolerance_s=config.tolerance_s)
         event = _parse_standard(provider, event_id, body)
     elif provider == "ses":
-        message = verify_sns(body, config.fetch_cert or _fetch_cert)
+        certificates = config.certificates or _CERTIFICATES
+        message = await verify_sns(body, certificates.get, topics=config.sns_topics,
+                                   now=config.clock())
         _check_storable(message)
         if message["Type"] != "Notification":
             return WebhookResult(200, f"SNS {message['Type']} received; confirm the "
@@ -165,12 +179,3 @@ def _parse_ses(event_id: str, message_text: str) -> ProviderEvent | None:
         return None
     return ProviderEvent("ses", event_id, kind, mail.get("messageId"),
                          recipients[0] if recipients else None, {"type": kind_name})
-
-
-@lru_cache(maxsize=16)
-def _fetch_cert(url: str) -> bytes:
-    import httpx
-
-    response = httpx.get(url, timeout=10)
-    response.raise_for_status()
-    return response.content

@@ -4,7 +4,9 @@
   headers): HMAC-SHA256 over ``id.timestamp.body``, ``v1,<base64>`` signatures, a timestamp
   tolerance against replays, and several secrets at once during a rotation.
 - Amazon SNS (SES events): RSA over a canonical string, with the certificate fetched from
-  an ``sns.<region>.amazonaws.com`` URL and nowhere else.
+  an ``https://sns.<region>.amazonaws.com/....pem`` URL in the topic's region and nowhere
+  else (``sns_certificates``), from a topic on the configured allow-list only, and at most
+  an hour old.
 
 Every failure raises ``WebhookRejected`` with a specific reason (answered 401, never 500);
 a genuine request whose payload cannot be read or stored raises ``WebhookMalformed`` (400).
@@ -18,7 +20,8 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,7 +93,11 @@ def verify_standard(
 
 
 # -- Amazon SNS -------------------------------------------------------------------------
-_SNS_HOST = re.compile(r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+SNS_CERT_HOST = re.compile(r"^sns\.([a-z]{2}(?:-[a-z]+)+-\d{1,2})\.amazonaws\.com$")
+"""``sns.<region>.amazonaws.com`` and nothing else: not a subdomain, not another suffix."""
+SNS_MAX_AGE_S = 3600
+"""A notification older than this is refused (a replay); SNS retries within the hour."""
+SNS_MAX_SKEW_S = 300
 _SNS_FIELDS = {
     "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
     "SubscriptionConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token",
@@ -99,8 +106,8 @@ _SNS_FIELDS = {
                                 "TopicArn", "Type"),
 }
 
-CertFetcher = Callable[[str], bytes]
-"""Returns the PEM certificate at a (validated) SigningCertURL."""
+CertFetcher = Callable[[str], Awaitable[bytes]]
+"""Returns the PEM certificate at a (validated) SigningCertURL: ``SnsCertificates.get``."""
 
 
 def sns_string_to_sign(message: Mapping[str, Any]) -> bytes:
@@ -114,15 +121,52 @@ def sns_string_to_sign(message: Mapping[str, Any]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def check_cert_url(url: str, allowed_hosts: re.Pattern[str] = _SNS_HOST) -> None:
+def check_cert_url(url: str) -> str:
+    """Refuse any SigningCertURL but ``https://sns.<region>.amazonaws.com/....pem``;
+    returns the region."""
     parts = urlsplit(url)
-    if parts.scheme != "https" or not allowed_hosts.match(parts.hostname or ""):
-        raise WebhookRejected("SigningCertURL is not an Amazon SNS https URL")
+    match = SNS_CERT_HOST.match(parts.hostname or "")
+    if (parts.scheme != "https" or match is None or parts.query or parts.fragment
+            or "@" in parts.netloc or parts.netloc.lower() != parts.hostname
+            or not parts.path.endswith(".pem")):
+        raise WebhookRejected("SigningCertURL is not an Amazon SNS certificate URL "
+                              "(https://sns.<region>.amazonaws.com/....pem)")
+    return match[1]
 
 
-def verify_sns(body: bytes, fetch_cert: CertFetcher,
-               allowed_hosts: re.Pattern[str] = _SNS_HOST) -> dict[str, Any]:
-    """Verify an SNS message; returns it parsed."""
+def check_sns_topic(message: Mapping[str, Any], topics: Sequence[str]) -> str:
+    """The TopicArn must be one of ``topics`` (any topic in any AWS account can sign a
+    notification to this endpoint); returns its region."""
+    if not topics:
+        raise WebhookRejected("no SNS topic is allowed: list the SES event topics in "
+                              "POSTLANE_WEBHOOK_SES_TOPICS")
+    arn = str(message.get("TopicArn") or "")
+    if arn not in topics:
+        raise WebhookRejected(f"SNS topic {arn!r} is not in POSTLANE_WEBHOOK_SES_TOPICS")
+    return arn.split(":")[3] if arn.count(":") >= 5 else ""
+
+
+def check_sns_timestamp(message: Mapping[str, Any], now: float) -> None:
+    text = str(message.get("Timestamp") or "")
+    try:
+        sent = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise WebhookRejected("SNS Timestamp is not an ISO 8601 time") from None
+    if sent.tzinfo is None:
+        raise WebhookRejected("SNS Timestamp has no time zone")
+    age = now - sent.timestamp()
+    if age > SNS_MAX_AGE_S:
+        raise WebhookRejected(f"SNS notification is {int(age)} s old (over "
+                              f"{SNS_MAX_AGE_S} s: possible replay)")
+    if age < -SNS_MAX_SKEW_S:
+        raise WebhookRejected("SNS Timestamp is in the future")
+
+
+async def verify_sns(body: bytes, fetch_cert: CertFetcher, *, topics: Sequence[str],
+                     now: float) -> dict[str, Any]:
+    """Verify an SNS message; returns it parsed. What costs nothing is checked before the
+    certificate is fetched: the topic is allowed, the message is fresh, the certificate
+    URL is Amazon's (in the topic's region)."""
     with requires("server", "verifying SES (SNS) webhook signatures"):
         from cryptography import x509
         from cryptography.exceptions import InvalidSignature
@@ -137,10 +181,14 @@ def verify_sns(body: bytes, fetch_cert: CertFetcher,
         raise WebhookMalformed("body is JSON nested too deep to read") from None
     if not isinstance(message, dict):
         raise WebhookRejected("body is not an SNS message")
-    for name in ("Signature", "SigningCertURL", "SignatureVersion", "Type", "MessageId"):
+    for name in ("Signature", "SigningCertURL", "SignatureVersion", "Type", "MessageId",
+                 "TopicArn", "Timestamp"):
         if not message.get(name):
             raise WebhookRejected(f"SNS message lacks {name}")
-    check_cert_url(str(message["SigningCertURL"]), allowed_hosts)
+    topic_region = check_sns_topic(message, topics)
+    check_sns_timestamp(message, now)
+    if check_cert_url(str(message["SigningCertURL"])) != topic_region:
+        raise WebhookRejected("SigningCertURL is not in the topic's region")
     algorithm: hashes.HashAlgorithm
     if message["SignatureVersion"] == "1":
         algorithm = hashes.SHA1()
@@ -150,9 +198,13 @@ def verify_sns(body: bytes, fetch_cert: CertFetcher,
         raise WebhookRejected("unknown SNS SignatureVersion")
     try:
         signature = base64.b64decode(str(message["Signature"]), validate=True)
-        cert = x509.load_pem_x509_certificate(fetch_cert(str(message["SigningCertURL"])))
     except (binascii.Error, ValueError):
-        raise WebhookRejected("malformed SNS signature or certificate") from None
+        raise WebhookRejected("malformed SNS signature") from None
+    pem = await fetch_cert(str(message["SigningCertURL"]))
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        raise WebhookRejected("malformed SNS certificate") from None
     key = cert.public_key()
     if not isinstance(key, rsa.RSAPublicKey):
         raise WebhookRejected("SNS certificate does not hold an RSA key")

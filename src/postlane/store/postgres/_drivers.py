@@ -1,7 +1,9 @@
 """The outbox on the PostgreSQL drivers other than psycopg 3: psycopg2 (sync) and asyncpg
 (async). They run the psycopg 3 path's statements (``INSERT_ONE``, the key look-ups, the
 template read), so the guarantees are the same: inside the caller's transaction, never a
-commit, an existing key returns the existing delivery. Only the binding differs: psycopg2
+commit, an existing key returns the existing delivery to its producer (the application:
+these forms write no other) with the same content and is a ``KeyConflict`` otherwise (see
+``core.producers``). Only the binding differs: psycopg2
 takes the same ``%(name)s`` parameters, asyncpg numbered ``$n`` ones (``numbered``).
 
 A batch is one ``INSERT ... SELECT FROM unnest(...)`` (neither driver has psycopg 3's COPY
@@ -18,16 +20,15 @@ from functools import cache
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.producers import APPLICATION, Held, check_held, first_by_key, held_from_row
 from postlane.core.records import TemplateVersion
 from postlane.errors import StoreError
 from postlane.store.base import enqueue_results, json_text
 from postlane.store.postgres._producing import (
     _RESERVE_IDS,
     _ROW_COLS,
-    _SELECT_IDS_BY_KEYS,
+    HELD_BY_KEYS,
     INSERT_ONE,
-    SELECT_ID_BY_KEY,
-    _first_by_key,
 )
 from postlane.store.postgres._templates import TemplatesMixin
 
@@ -44,7 +45,7 @@ WITH ins AS (
     INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE
     SELECT r.id, r.key, r.lane, r.channel, r.recipient, r.sender, r.subject, r.text,
            r.html, r.headers::jsonb, r.metadata::jsonb, r.import_id, r.template_id,
-           r.template_version, now() + make_interval(secs => r.delay_s),
+           r.template_version, NULL::text, now() + make_interval(secs => r.delay_s),
            COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
     FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _UNNEST_COLUMNS)})
          AS r({", ".join(name for name, _ in _UNNEST_COLUMNS)})
@@ -81,6 +82,7 @@ def _params(message: Message) -> dict[str, Any]:
     into a jsonb parameter; psycopg 3's are ``Jsonb`` wrappers)."""
     m = message
     return {
+        "producer": APPLICATION,
         "key": m.key, "lane": m.lane, "channel": m.channel, "recipient": m.to,
         "sender": m.sender, "subject": m.subject, "text": m.text, "html": m.html,
         "headers": json_text(m.headers), "metadata": json_text(m.metadata),
@@ -98,6 +100,16 @@ def _batch(ids: dict[str, int], first: dict[str, Message]) -> dict[str, list[Any
     return {name: [row[name] for row in rows] for name, _ in _UNNEST_COLUMNS}
 
 
+def _held(rows: Sequence[Sequence[Any]]) -> list[Held]:
+    return [held_from_row(row) for row in rows]
+
+
+def _existing(messages: dict[str, Message], held: list[Held]) -> dict[str, int]:
+    """The ids of keys found held, once the application may have each (``KeyConflict``)."""
+    check_held(messages, APPLICATION, held)
+    return {row.key: row.id for row in held}
+
+
 # -- psycopg2 ------------------------------------------------------------------------------
 def psycopg2_insert_one(conn: Any, message: Message) -> EnqueueResult:
     """Insert-or-find through a psycopg2 connection, in its transaction."""
@@ -107,10 +119,11 @@ def psycopg2_insert_one(conn: Any, message: Message) -> EnqueueResult:
             row = cur.fetchone()
             if row:
                 return EnqueueResult(row[0], message.key, created=True)
-            cur.execute(SELECT_ID_BY_KEY, (message.key,))
-            row = cur.fetchone()
-            if row:
-                return EnqueueResult(row[0], message.key, created=False)
+            cur.execute(HELD_BY_KEYS, ([message.key],))
+            held = _held(cur.fetchall())
+            if held:
+                _existing({message.key: message}, held)
+                return EnqueueResult(held[0].id, message.key, created=False)
     raise StoreError(_NOT_VISIBLE.format(key=message.key))
 
 
@@ -118,7 +131,7 @@ def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[Enqueue
     """The bulk form through psycopg2: three statements for the batch."""
     if not messages:
         return []
-    first = _first_by_key(messages)
+    first = first_by_key(messages)
     with conn.cursor() as cur:
         cur.execute(_RESERVE_IDS, (len(first),))
         ids = dict(zip(first, sorted(cur.fetchone()[1]), strict=True))
@@ -127,8 +140,8 @@ def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[Enqueue
         missing = [key for key in first if key not in created]
         existing: dict[str, int] = {}
         if missing:
-            cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
-            existing = {key: id_ for id_, key in cur.fetchall()}
+            cur.execute(HELD_BY_KEYS, (missing,))
+            existing = _existing(first, _held(cur.fetchall()))
     return enqueue_results(messages, created, existing)
 
 
@@ -155,9 +168,10 @@ async def asyncpg_insert_one(conn: Any, message: Message) -> EnqueueResult:
         rows = await _fetch(conn, INSERT_ONE, _params(message))
         if rows:
             return EnqueueResult(rows[0][0], message.key, created=True)
-        rows = await _fetch(conn, SELECT_ID_BY_KEY, (message.key,))
-        if rows:
-            return EnqueueResult(rows[0][0], message.key, created=False)
+        held = _held(await _fetch(conn, HELD_BY_KEYS, ([message.key],)))
+        if held:
+            _existing({message.key: message}, held)
+            return EnqueueResult(held[0].id, message.key, created=False)
     raise StoreError(_NOT_VISIBLE.format(key=message.key))
 
 
@@ -168,14 +182,14 @@ async def asyncpg_insert_many(conn: Any, messages: Sequence[Message]) -> list[En
     if not conn.is_in_transaction():
         async with conn.transaction():
             return await asyncpg_insert_many(conn, messages)
-    first = _first_by_key(messages)
+    first = first_by_key(messages)
     reserved = await _fetch(conn, _RESERVE_IDS, (len(first),))
     ids = dict(zip(first, sorted(reserved[0][1]), strict=True))
     created = {key: id_ for id_, key in await _fetch(conn, INSERT_UNNEST, _batch(ids, first))}
     missing = [key for key in first if key not in created]
     existing: dict[str, int] = {}
     if missing:
-        existing = {key: id_ for id_, key in await _fetch(conn, _SELECT_IDS_BY_KEYS, (missing,))}
+        existing = _existing(first, _held(await _fetch(conn, HELD_BY_KEYS, (missing,))))
     return enqueue_results(messages, created, existing)
 
 

@@ -15,11 +15,12 @@ from postlane.store.postgres._producing import enqueue_on_connection
 class HttpApiMixin(PostgresBase):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
         validate(message, self.limits)
         async with self._pool.connection() as conn, conn.transaction():
-            result = await enqueue_on_connection(conn, message)
+            result = await enqueue_on_connection(conn, message, producer,
+                                                 compare_content=False)
             if result.created:
                 await conn.execute(
                     "UPDATE postlane_deliveries SET request_hash = %s WHERE id = %s",
@@ -68,10 +69,17 @@ class HttpApiMixin(PostgresBase):
                 "WHERE id = %s AND revoked_at IS NULL RETURNING id", (key_id,))
             return await cur.fetchone() is not None
 
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE postlane_api_keys SET sessions_after = GREATEST(%s, "
+                "COALESCE(sessions_after, 0)) WHERE id = %s RETURNING id", (before, key_id))
+            return await cur.fetchone() is not None
 
-_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at"
+
+_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at, sessions_after"
 
 
 def _api_key(row: Sequence[Any]) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], tuple(s for s in row[3].split(",") if s),
-                  row[4], row[5])
+                  row[4], row[5], row[6])

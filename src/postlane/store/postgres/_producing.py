@@ -13,22 +13,24 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.postgres._base import PostgresBase
 
 _INSERT_COLS = (
     "idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, "
-    "headers, metadata, import_id, template_id, template_version, run_at, expires_at"
+    "headers, metadata, import_id, template_id, template_version, producer, run_at, "
+    "expires_at"
 )
 INSERT_ONE = f"""
 WITH ins AS (
     INSERT INTO postlane_deliveries ({_INSERT_COLS})
     VALUES (%(key)s, %(lane)s, %(channel)s, %(recipient)s, %(sender)s, %(subject)s, %(text)s,
             %(html)s, %(headers)s, %(metadata)s, %(import_id)s, %(template_id)s,
-            %(template_version)s, now() + make_interval(secs => %(delay_s)s::float8),
+            %(template_version)s, %(producer)s, now() + make_interval(secs => %(delay_s)s::float8),
             COALESCE(%(expires_at)s::timestamptz,
                      now() + make_interval(secs => %(expires_in_s)s::float8)))
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -39,7 +41,9 @@ WITH ins AS (
 )
 SELECT id FROM ins
 """
-SELECT_ID_BY_KEY = "SELECT id FROM postlane_deliveries WHERE idempotency_key = %s"
+HELD_BY_KEYS = (
+    f"SELECT {HELD_COLUMNS} FROM postlane_deliveries WHERE idempotency_key = ANY(%s)"
+)
 
 # A batch's rows as both ways below write them: ids and times already set.
 _ROW_COLS = f"id, {_INSERT_COLS}"
@@ -47,7 +51,8 @@ _STAGING = """
 CREATE TEMP TABLE postlane_staging (
     id BIGINT, idempotency_key TEXT, lane TEXT, channel TEXT, recipient TEXT, sender TEXT,
     subject TEXT, text_body TEXT, html_body TEXT, headers JSONB, metadata JSONB, import_id TEXT,
-    template_id TEXT, template_version INTEGER, run_at TIMESTAMPTZ, expires_at TIMESTAMPTZ
+    template_id TEXT, template_version INTEGER, producer TEXT, run_at TIMESTAMPTZ,
+    expires_at TIMESTAMPTZ
 ) ON COMMIT DROP
 """
 _COPY_STAGING = f"COPY postlane_staging ({_ROW_COLS}) FROM STDIN"
@@ -64,9 +69,6 @@ WITH ins AS (
 )
 SELECT id, idempotency_key FROM ins
 """
-_SELECT_IDS_BY_KEYS = (
-    "SELECT id, idempotency_key FROM postlane_deliveries WHERE idempotency_key = ANY(%s)"
-)
 # The direct COPY's ids and clock, in one round trip. ``now()`` is the transaction's start,
 # so run_at and expires_at computed from it equal what ``now()`` in an INSERT would give:
 # the database clock, not the client's. (The sequence is named as a literal: resolved once
@@ -91,9 +93,10 @@ _INSERT_ONE_WITH_ID = INSERT_ONE.replace(
 assert _INSERT_ONE_WITH_ID != INSERT_ONE
 
 
-def message_params(message: Message) -> dict[str, Any]:
+def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
     """Bind parameters of ``INSERT_ONE`` for a validated message."""
     return {
+        "producer": producer,
         "key": message.key,
         "lane": message.lane,
         "channel": message.channel,
@@ -113,12 +116,12 @@ def message_params(message: Message) -> dict[str, Any]:
     }
 
 
-def _row(id_: int, m: Message, now: datetime) -> tuple[Any, ...]:
+def _row(id_: int, m: Message, now: datetime, producer: str | None) -> tuple[Any, ...]:
     """A row of ``_ROW_COLS``; ``now`` is the transaction's ``now()``."""
     return (
         id_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
         json_text(m.headers), json_text(m.metadata), m.import_id, m.template_id,
-        m.template_version, now + m.delay if m.delay else now,
+        m.template_version, producer, now + m.delay if m.delay else now,
         m.expires_at or (now + m.expires_in if m.expires_in else None),
     )
 
@@ -161,20 +164,25 @@ class ProducingMixin(PostgresBase):
 
 @migrated_async()
 async def enqueue_on_connection(
-    conn: psycopg.AsyncConnection[Any], message: Message
+    conn: psycopg.AsyncConnection[Any], message: Message, producer: str | None = None,
+    *, compare_content: bool = True,
 ) -> EnqueueResult:
-    """Insert-or-find inside whatever transaction ``conn`` is in (the outbox's core)."""
+    """Insert-or-find inside whatever transaction ``conn`` is in (the outbox's core). A key
+    held by another producer, or by ``producer`` for other content (unless
+    ``compare_content`` is off), raises ``KeyConflict`` (see ``core.producers``)."""
     async with conn.cursor(row_factory=tuple_row) as cur:
         for _ in range(3):
-            await cur.execute(INSERT_ONE, message_params(message))
+            await cur.execute(INSERT_ONE, message_params(message, producer))
             row = await cur.fetchone()
             if row:
                 return EnqueueResult(row[0], message.key, created=True)
             # The key exists; under READ COMMITTED a fresh statement sees the winner's row.
-            await cur.execute(SELECT_ID_BY_KEY, (message.key,))
-            row = await cur.fetchone()
-            if row:
-                return EnqueueResult(row[0], message.key, created=False)
+            await cur.execute(HELD_BY_KEYS, ([message.key],))
+            held = [held_from_row(r) for r in await cur.fetchall()]
+            if held:
+                check_held({message.key: message}, producer, held,
+                           compare_content=compare_content)
+                return EnqueueResult(held[0].id, message.key, created=False)
     raise StoreError(
         f"key {message.key!r} conflicts with a row this transaction cannot see "
         "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
@@ -183,7 +191,8 @@ async def enqueue_on_connection(
 
 @migrated_async()
 async def enqueue_many_on_connection(
-    conn: psycopg.AsyncConnection[Any], messages: Sequence[Message]
+    conn: psycopg.AsyncConnection[Any], messages: Sequence[Message],
+    producer: str | None = None,
 ) -> list[EnqueueResult]:
     """Insert-or-find a batch inside whatever transaction ``conn`` is in.
 
@@ -197,8 +206,11 @@ async def enqueue_many_on_connection(
     Both ways write the rows in key order (code points, ``COLLATE "C"``): two batches that
     share keys then wait for each other's uncommitted keys in one order, never in a cycle.
     In input order they deadlocked (the enqueue stress test found it).
+
+    Keys that existed are checked as in :func:`enqueue_on_connection`: ``KeyConflict``
+    names every one ``producer`` may not have.
     """
-    first = _first_by_key(messages)
+    first = first_by_key(messages)
     async with _atomic(conn), conn.cursor() as cur:
         # The first statement begins the caller's transaction if it has not begun yet, so
         # the savepoint below nests in it.
@@ -207,23 +219,17 @@ async def enqueue_many_on_connection(
         assert row is not None
         now, reserved = row
         ids = dict(zip(first, sorted(reserved), strict=True))
-        rows = [_row(ids[key], first[key], now) for key in sorted(first)]
+        rows = [_row(ids[key], first[key], now, producer) for key in sorted(first)]
         try:
             async with conn.transaction():  # a savepoint: a conflict rolls back to here
                 await _copy(cur, _COPY_DELIVERIES, rows)
                 await cur.execute(_ENQUEUED_EVENTS, ([r[0] for r in rows],))
             created, existing = ids, dict[str, int]()
         except psycopg.errors.UniqueViolation:
-            created, existing = await _insert_or_find(cur, rows)
+            created, held = await _insert_or_find(cur, rows)
+            check_held(first, producer, held)
+            existing = {row.key: row.id for row in held}
     return enqueue_results(messages, created, existing)
-
-
-def _first_by_key(messages: Sequence[Message]) -> dict[str, Message]:
-    """Each key's first message, in input order (a repeat is reported, never written)."""
-    first: dict[str, Message] = {}
-    for message in messages:
-        first.setdefault(message.key, message)
-    return first
 
 
 def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -243,10 +249,10 @@ async def _copy(cur: psycopg.AsyncCursor[Any], statement: str,
 
 async def _insert_or_find(
     cur: psycopg.AsyncCursor[Any], rows: Sequence[tuple[Any, ...]]
-) -> tuple[dict[str, int], dict[str, int]]:
+) -> tuple[dict[str, int], list[Held]]:
     """COPY into a staging table, then one INSERT ... ON CONFLICT DO NOTHING: safe against
     concurrent enqueuers of the same keys, at about half the speed of the direct COPY.
-    Returns the keys it created and those that existed, with their ids."""
+    Returns the keys it created, with their ids, and the deliveries of those that existed."""
     await cur.execute(_STAGING)
     await _copy(cur, _COPY_STAGING, rows)
     await cur.execute(_INSERT_STAGED)
@@ -255,27 +261,29 @@ async def _insert_or_find(
     # in the same transaction can stage again.
     await cur.execute("DROP TABLE postlane_staging")
     missing = [row[1] for row in rows if row[1] not in created]
-    existing: dict[str, int] = {}
+    held: list[Held] = []
     if missing:
-        await cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
-        existing = {key: id_ for id_, key in await cur.fetchall()}
-    return created, existing
+        await cur.execute(HELD_BY_KEYS, (missing,))
+        held = [held_from_row(r) for r in await cur.fetchall()]
+    return created, held
 
 
 # -- the same for a synchronous psycopg connection (the outbox's ``enqueue``) ------------------
 @migrated()
-def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message) -> EnqueueResult:
+def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message,
+                               producer: str | None = None) -> EnqueueResult:
     """``enqueue_on_connection`` for a synchronous psycopg connection."""
     with conn.cursor() as cur:
         for _ in range(3):
-            cur.execute(INSERT_ONE, message_params(message))
+            cur.execute(INSERT_ONE, message_params(message, producer))
             row = cur.fetchone()
             if row:
                 return EnqueueResult(row[0], message.key, created=True)
-            cur.execute(SELECT_ID_BY_KEY, (message.key,))
-            row = cur.fetchone()
-            if row:
-                return EnqueueResult(row[0], message.key, created=False)
+            cur.execute(HELD_BY_KEYS, ([message.key],))
+            held = [held_from_row(r) for r in cur.fetchall()]
+            if held:
+                check_held({message.key: message}, producer, held)
+                return EnqueueResult(held[0].id, message.key, created=False)
     raise StoreError(
         f"key {message.key!r} conflicts with a row this transaction cannot see "
         "(is it REPEATABLE READ or SERIALIZABLE?); retry the transaction"
@@ -284,13 +292,13 @@ def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message) 
 
 @migrated()
 def enqueue_many_on_sync_connection(
-    conn: psycopg.Connection[Any], messages: Sequence[Message]
+    conn: psycopg.Connection[Any], messages: Sequence[Message], producer: str | None = None
 ) -> list[EnqueueResult]:
     """The bulk form for a synchronous psycopg connection: pipelined insert-or-find (one
     round trip for the batch), with ids reserved in input order and the keys taken in key
     order, as :func:`enqueue_many_on_connection` does and for the same reason (two batches
     sharing keys never wait for each other in a cycle)."""
-    first = _first_by_key(messages)
+    first = first_by_key(messages)
     keys = sorted(first)
     with conn.cursor() as cur:
         cur.execute(_RESERVE_IDS, (len(first),))
@@ -298,7 +306,8 @@ def enqueue_many_on_sync_connection(
         assert row is not None
         ids = dict(zip(first, sorted(row[1]), strict=True))
         cur.executemany(_INSERT_ONE_WITH_ID,
-                        [{**message_params(first[key]), "id": ids[key]} for key in keys],
+                        [{**message_params(first[key], producer), "id": ids[key]}
+                         for key in keys],
                         returning=True)
         created: dict[str, int] = {}
         for key in keys:
@@ -309,6 +318,8 @@ def enqueue_many_on_sync_connection(
         missing = [key for key in keys if key not in created]
         existing: dict[str, int] = {}
         if missing:
-            cur.execute(_SELECT_IDS_BY_KEYS, (missing,))
-            existing = {key: id_ for id_, key in cur.fetchall()}
+            cur.execute(HELD_BY_KEYS, (missing,))
+            held = [held_from_row(r) for r in cur.fetchall()]
+            check_held(first, producer, held)
+            existing = {row.key: row.id for row in held}
     return enqueue_results(messages, created, existing)

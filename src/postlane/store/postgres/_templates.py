@@ -153,6 +153,7 @@ class TemplatesMixin(PostgresBase):
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
         progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
     ) -> list[EnqueueResult]:
         for message in messages:
             if not validated:
@@ -169,7 +170,7 @@ class TemplatesMixin(PostgresBase):
                     f"template {template!r} is deprecated: it takes no new enqueues",
                     field="template_id")
             if messages:
-                results = await enqueue_many_on_connection(conn, messages)
+                results = await enqueue_many_on_connection(conn, messages, producer)
             if progress is not None:
                 await conn.execute(self._IMPORT_PROGRESS, {
                     "id": progress.import_id, "read": progress.rows_read,

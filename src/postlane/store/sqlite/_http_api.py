@@ -15,13 +15,13 @@ from postlane.store.sqlite._producing import insert_one
 class HttpApiMixin(SQLiteBase):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
     async def enqueue_request(
-        self, message: Message, request_hash: str
+        self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
         validate(message, self.limits)
 
         def _enqueue() -> tuple[EnqueueResult, str | None]:
             with self._write() as conn:
-                result = insert_one(conn, message)
+                result = insert_one(conn, message, producer, compare_content=False)
                 if result.created:
                     conn.execute("UPDATE postlane_deliveries SET request_hash = ? WHERE id = ?",
                                  (request_hash, result.id))
@@ -74,10 +74,20 @@ class HttpApiMixin(SQLiteBase):
             return row is not None
         return await self._run(_revoke)
 
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        def _end() -> bool:
+            with self._write() as conn:
+                row = conn.execute(
+                    "UPDATE postlane_api_keys SET sessions_after = MAX(?, "
+                    "COALESCE(sessions_after, 0)) WHERE id = ? RETURNING id",
+                    (before, key_id)).fetchone()
+            return row is not None
+        return await self._run(_end)
 
-_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at"
+
+_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at, sessions_after"
 
 
 def _api_key(row: Sequence[Any]) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], tuple(s for s in row[3].split(",") if s),
-                  _dt(row[4]), _opt_dt(row[5]))
+                  _dt(row[4]), _opt_dt(row[5]), row[6])

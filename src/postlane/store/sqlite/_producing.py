@@ -9,27 +9,29 @@ from contextlib import contextmanager
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
-from postlane.store.base import enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
 
 INSERT_ONE = f"""
 INSERT INTO postlane_deliveries (
     idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
-    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
-    updated_at)
+    metadata, import_id, template_id, template_version, producer, run_at, expires_at,
+    created_at, updated_at)
 VALUES (:key, :lane, :channel, :recipient, :sender, :subject, :text, :html, :headers,
-        :metadata, :import_id, :template_id, :template_version, {NOW} + :delay_s,
+        :metadata, :import_id, :template_id, :template_version, :producer, {NOW} + :delay_s,
         COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id
 """
 
 
-def message_params(message: Message) -> dict[str, Any]:
+def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
     return {
+        "producer": producer,
         "key": message.key,
         "lane": message.lane,
         "channel": message.channel,
@@ -61,18 +63,32 @@ def migrated() -> Iterator[None]:
 
 
 @migrated()
-def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
-    """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox)."""
-    row = conn.execute(INSERT_ONE, message_params(message)).fetchone()
+def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None = None,
+               *, compare_content: bool = True) -> EnqueueResult:
+    """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox).
+    A key held by another producer, or by ``producer`` for other content, raises
+    ``KeyConflict`` (see ``core.producers``)."""
+    row = conn.execute(INSERT_ONE, message_params(message, producer)).fetchone()
     if row is not None:
         conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
         return EnqueueResult(row[0], message.key, created=True)
-    row = conn.execute(
-        "SELECT id FROM postlane_deliveries WHERE idempotency_key = ?", (message.key,)
-    ).fetchone()
-    if row is None:  # pragma: no cover - SQLite serialises writers, so the winner is visible
+    held = held_by_keys(conn, [message.key])
+    if not held:  # pragma: no cover - SQLite serialises writers, so the winner is visible
         raise StoreError(f"key {message.key!r} conflicts but no row is visible")
-    return EnqueueResult(row[0], message.key, created=False)
+    check_held({message.key: message}, producer, held, compare_content=compare_content)
+    return EnqueueResult(held[0].id, message.key, created=False)
+
+
+_HELD_BY_KEYS = (
+    f"SELECT {HELD_COLUMNS} FROM postlane_deliveries "
+    "WHERE idempotency_key IN (SELECT value FROM json_each(?))"
+)
+
+
+def held_by_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[Held]:
+    """The existing deliveries of ``keys``: who holds each and what it will send."""
+    rows = conn.execute(_HELD_BY_KEYS, (json.dumps(list(keys)),)).fetchall()
+    return [held_from_row(row) for row in rows]
 
 
 # One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
@@ -80,9 +96,9 @@ def insert_one(conn: sqlite3.Connection, message: Message) -> EnqueueResult:
 _INSERT_MANY = f"""
 INSERT INTO postlane_deliveries (
     idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
-    metadata, import_id, template_id, template_version, run_at, expires_at, created_at,
-    updated_at)
-SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))},
+    metadata, import_id, template_id, template_version, producer, run_at, expires_at,
+    created_at, updated_at)
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))}, :producer,
        {NOW} + json_extract(value, '$[13]'),
        COALESCE(json_extract(value, '$[14]'), {NOW} + json_extract(value, '$[15]')),
        {NOW}, {NOW}
@@ -91,10 +107,6 @@ ORDER BY key  -- ids in input order
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id, idempotency_key
 """
-_IDS_BY_KEYS = (
-    "SELECT id, idempotency_key FROM postlane_deliveries "
-    "WHERE idempotency_key IN (SELECT value FROM json_each(?))"
-)
 
 
 def _batch_row(m: Message) -> tuple[Any, ...]:
@@ -108,19 +120,25 @@ def _batch_row(m: Message) -> tuple[Any, ...]:
 
 
 @migrated()
-def insert_many(conn: sqlite3.Connection, messages: Sequence[Message]) -> list[EnqueueResult]:
+def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
+                producer: str | None = None) -> list[EnqueueResult]:
     """Insert-or-find a batch in whatever transaction ``conn`` is in: one INSERT for the
-    rows, one for their events, one look-up for the keys that existed already."""
+    rows, one for their events, one look-up for the keys that existed already (each checked
+    as ``insert_one`` does: ``KeyConflict`` names every key ``producer`` may not have)."""
     if not messages:
         return []
+    first = first_by_key(messages)
     created = dict((key, id_) for id_, key in conn.execute(
-        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages])}))
+        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages]),
+                       "producer": producer}))
     conn.executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
                                      for id_ in created.values()])
     existing: dict[str, int] = {}
-    missing = list({m.key for m in messages if m.key not in created})
+    missing = [key for key in first if key not in created]
     if missing:
-        existing = {key: id_ for id_, key in conn.execute(_IDS_BY_KEYS, (json.dumps(missing),))}
+        held = held_by_keys(conn, missing)
+        check_held(first, producer, held)
+        existing = {row.key: row.id for row in held}
     return enqueue_results(messages, created, existing)
 
 

@@ -128,6 +128,7 @@ class TemplatesMixin(SQLiteBase):
     async def enqueue_many_if_template_usable(
         self, template: str, messages: Sequence[Message],
         progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
     ) -> list[EnqueueResult]:
         for message in messages:
             if not validated:
@@ -145,7 +146,7 @@ class TemplatesMixin(SQLiteBase):
                     raise TemplateDeprecated(
                         f"template {template!r} is deprecated: it takes no new enqueues",
                         field="template_id")
-                results = insert_many(conn, messages)
+                results = insert_many(conn, messages, producer)
                 if progress is not None:
                     conn.execute(self._IMPORT_PROGRESS, {
                         "id": progress.import_id, "read": progress.rows_read,
