@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors
 from postlane.core.policy import RetryPolicy, backoff_s
+from postlane.core.rates import parse_rate
 from postlane.core.redaction import redact_url
 from postlane.errors import (
     ConfigurationError,
@@ -422,8 +423,6 @@ async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> li
 # -- rate --------------------------------------------------------------------------------
 def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, list[Finding]]:
     """The ceiling as sends per second (None when unset or unusable) and the findings."""
-    from postlane.cli.worker import parse_rate
-
     findings: list[Finding] = []
     if not (math.isfinite(headroom) and 0 <= headroom < 0.5):
         findings.append(Finding("rate", "fail",

@@ -38,7 +38,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import import_producer
 from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
-from postlane.errors import ImportRejected, InvalidMessage, KeyConflict
+from postlane.errors import ImportRejected, InvalidMessage, KeyConflict, PostlaneError
 from postlane.store.base import Store
 from postlane.store.roles import FleetStore, ImportStore, TemplateStore
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
@@ -46,10 +46,12 @@ from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
+    "IMPORT_FAILED",
     "REQUIRED_COLUMNS",
     "ImportReport",
     "ImportStatus",
     "RowProblem",
+    "failure_reason",
     "import_csv",
     "import_key",
     "import_status",
@@ -61,6 +63,11 @@ REQUIRED_COLUMNS = ("user_id", "email")
 DEFAULT_BATCH_SIZE = 1000
 BULK_LANE = "bulk"
 MAX_PROBLEMS_KEPT = 1000
+IMPORT_FAILED = "import:failed:"
+"""Control naming a run that stopped on its file (a bad header, malformed CSV): the import
+record alone would show it as "not finished", like a run still going. A control, not a
+column, until a migration gives the import record a place for it; the next run clears it."""
+FAILURE_LIMIT = 500
 """Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
 
 Progress = Callable[[str, int, int], None]
@@ -282,6 +289,28 @@ async def import_csv(
 
     if await store.start_import(import_id, template, version, file_name, lane) is None:
         raise ImportRejected(f"import {import_id!r} belongs to another template")
+    await store.set_control(IMPORT_FAILED + import_id, None)
+    try:
+        await _run(store, path, report, compiled, import_id, lane, batch_size, total,
+                   on_progress)
+    except PostlaneError as exc:  # the file, or the template deprecated meanwhile
+        await store.finish_import(_progress(report))
+        await store.set_control(IMPORT_FAILED + import_id,
+                                {"reason": str(exc)[:FAILURE_LIMIT]})
+        raise
+    await store.finish_import(_progress(report))
+    report.elapsed_s = time.monotonic() - started
+    if on_progress is not None:
+        on_progress("import", total, total)
+    return report
+
+
+async def _run(store: ImportingStore, path: str, report: ImportReport, compiled: CompiledTemplate,
+               import_id: str, lane: str, batch_size: int, total: int,
+               on_progress: Progress | None) -> None:
+    """Stream the file into the store (the run record is started; the caller closes it)."""
+    template = report.template
+    file_name = report.file_name
 
     pending: asyncio.Task[list[EnqueueResult]] | None = None
     producer = import_producer(import_id)
@@ -343,11 +372,6 @@ async def import_csv(
             if pending is not None:
                 # An error while parsing: let the in-flight batch finish (it is whole).
                 await asyncio.gather(pending, return_exceptions=True)
-    await store.finish_import(_progress(report))
-    report.elapsed_s = time.monotonic() - started
-    if on_progress is not None:
-        on_progress("import", total, total)
-    return report
 
 
 def _without_conflicts(batch: list[Message], lines: list[int], conflict: KeyConflict,
@@ -386,10 +410,13 @@ class ImportStatus:
     """None for deliveries enqueued with this import id by other means than an import run."""
     counts: ImportCounts
     paused: bool
+    failed: str | None = None
+    """Why the last run stopped on its file (a bad header...); None when it did not."""
 
     def as_json(self) -> dict[str, Any]:
         record = self.record
-        data: dict[str, Any] = {"import_id": self.import_id, "paused": self.paused}
+        data: dict[str, Any] = {"import_id": self.import_id, "paused": self.paused,
+                                "failed": self.failed}
         if record is not None:
             data.update({
                 "template": record.template, "template_version": record.template_version,
@@ -410,8 +437,15 @@ async def import_status(store: ImportingStore, import_id: str) -> ImportStatus |
     counts = await store.import_counts(import_id)
     if record is None and counts.created == 0:
         return None
-    paused = IMPORT_PAUSE + import_id in await store.get_controls()
-    return ImportStatus(import_id, record, counts, paused)
+    controls = await store.get_controls()
+    failure = controls.get(IMPORT_FAILED + import_id)
+    return ImportStatus(import_id, record, counts, IMPORT_PAUSE + import_id in controls,
+                        failure_reason(failure.value) if failure is not None else None)
+
+
+def failure_reason(value: Any) -> str:
+    """The reason an ``IMPORT_FAILED`` control holds."""
+    return str(value.get("reason", "failed")) if isinstance(value, dict) else "failed"
 
 
 async def pause(store: Store, import_id: str, *, by: str = "operator") -> None:

@@ -131,9 +131,13 @@ async def test_strict_import_of_a_file_with_a_bad_row_exits_1_and_names_the_line
     assert "line 3: email" in strict.stderr and "nothing was imported" in strict.stderr
     lenient = launcher.cli(db, "import", str(path), "--template", "welcome", "--import-id",
                            "i1", "--json")
-    assert lenient.returncode == 0
+    assert lenient.returncode == 4  # the good rows are in, but a row was skipped
     assert json.loads(lenient.stdout)["rows_created"] == 2
-    assert "line 3: email" in lenient.stderr
+    assert "line 3: email" in lenient.stderr and "1 row(s) skipped" in lenient.stderr
+    tolerant = launcher.cli(db, "import", str(path), "--template", "welcome", "--import-id",
+                            "i1", "--json", "--max-skipped", "1")
+    assert tolerant.returncode == 0
+    assert json.loads(tolerant.stdout)["rows_created"] == 0  # a re-run creates nothing twice
     refused = launcher.cli(db, "templates", "delete", "welcome")
     assert refused.returncode == 1
     assert "still referenced by 2 deliveries" in refused.stderr

@@ -56,6 +56,17 @@ def message(**overrides: Any) -> Message:
         "user@[IPv6:2001:db8::1]",
         "a" * 64 + "@example.com",
         "user@" + ".".join(["a" * 63] * 3) + ".com",
+        # Internationalized (RFC 6531): Unicode domains (IDNA 2008) and local parts.
+        "alice@bücher.de",
+        "alice@Bücher.DE",  # domains have no case: lowered before IDNA
+        "почта@пример.рф",
+        "用户@例子.广告",
+        "صندوق@مثال.إختبار",
+        "δοκιμή@παράδειγμα.δοκιμή",
+        "🙂@example.com",  # RFC 6532 atext: any UTF-8 beyond ASCII
+        "jörg.müller+news@example.de",
+        '"ünï côdé"@example.com',
+        "ü" * 32 + "@example.com",  # 64 octets in UTF-8
     ],
 )
 def test_valid_addresses(address: str) -> None:
@@ -87,11 +98,32 @@ def test_valid_addresses(address: str) -> None:
         ("alice@exa_mple.com", "not a valid host name"),
         ("alice@example..com", "not a valid host name"),
         ("alice@" + "a" * 64 + ".com", "not a valid host name"),
-        ("alice@bücher.de", "not a valid host name"),
+        ("alice@bücher_.de", "not a valid internationalized domain name"),
         ("alice@example.123", "numeric top-level label"),
         ("alice@192.168.0.1", "numeric top-level label"),
         ("Alice <alice@example.com>", "whitespace"),
         ("alice@example.com.", "ends with a dot"),  # the email package reads no address
+        # Internationalized, but not valid.
+        ("ü" * 33 + "@example.com", "local part is longer than 64"),  # 66 octets
+        ("alice@☃.net", "not a valid internationalized domain name"),
+        ("alice@😀.com", "not a valid internationalized domain name"),
+        ("alice@ＡＢＣ.com", "not a valid internationalized domain name"),  # not folded
+        ("alice@bu\u0308cher.de", "not a valid internationalized domain name"),  # not NFC
+        ("alice@" + "ü" * 60 + ".de", "not a valid internationalized domain name"),
+        # 253 characters as given, 260 with the domain in A-labels, as it goes on the wire.
+        ("a" * 64 + "@bücher." + "b" * 63 + "." + "c" * 63 + "." + "d" * 50 + ".de",
+         "longer than 254"),
+        ("u\u0308ser@example.com", "not in Unicode normalization form NFC"),
+        ("us\u200ber@example.com", "invisible format character"),
+        ("us\u202eer@example.com", "invisible format character"),
+        ("us\u00a0er@example.com", "a space"),
+        ("us\u3000er@example.com", "a space"),
+        ("us\u0085er@example.com", "control character"),
+        ("us\ue000er@example.com", "private-use"),
+        ("us\U000e0001er@example.com", "invisible format character"),
+        ("jörg..müller@example.de", "local part is not valid"),
+        (".jörg@example.de", "local part is not valid"),
+        ("jö(rg@example.de", "local part is not valid"),
     ],
 )
 def test_invalid_addresses(address: str, why: str) -> None:

@@ -6,15 +6,15 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from postlane.api.keys import SCOPES, create_key
-from postlane.cli.main import console, run_with_store
+from postlane.cli.shell import console, run_with_store, table, when
+from postlane.core.records import ApiKey
 from postlane.errors import ConfigurationError
-from postlane.store.base import ApiKey, Store
+from postlane.store.base import Store
 
 apikey = typer.Typer(help="API keys for the HTTP API and the dashboard (stored hashed).",
-                     no_args_is_help=True)
+                     no_args_is_help=True, rich_markup_mode=None)
 
 
 def _json(key: ApiKey) -> dict[str, object]:
@@ -59,14 +59,12 @@ def list_(ctx: typer.Context,
     if as_json:
         print(json.dumps([_json(k) for k in keys]))
         return
-    table = Table(title=f"API keys ({len(keys)})")
-    for column in ("id", "name", "prefix", "scopes", "created", "revoked"):
-        table.add_column(column)
+    grid = table("id", "name", "prefix", "scopes", "created (UTC)", "revoked (UTC)",
+                 title=f"API keys ({len(keys)})", right=("id",))
     for k in keys:
-        table.add_row(str(k.id), k.name, k.prefix + "…", ",".join(k.scopes),
-                      k.created_at.strftime("%Y-%m-%d %H:%M"),
-                      k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else "")
-    console.print(table)
+        grid.add_row(str(k.id), k.name, k.prefix + "…", ",".join(k.scopes), when(k.created_at),
+                     when(k.revoked_at) if k.revoked_at else "")
+    console.print(grid, markup=False, highlight=False)
 
 
 @apikey.command()

@@ -64,7 +64,7 @@ def check(
         skip=frozenset(name.strip() for item in skip or () for name in item.split(",")),
     )
 
-    from postlane.cli.main import run_async
+    from postlane.cli.shell import run_async
 
     findings = run_async(run_checks(settings))
     failed = any(f.failed for f in findings)

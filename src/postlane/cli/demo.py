@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from postlane.cli.main import console, run_async
+from postlane.cli.shell import console, run_async
 from postlane.demo import DemoPlan, default_sandbox, print_summary, run_demo
 from postlane.errors import ConfigurationError
 from postlane.providers.registry import open_provider

@@ -8,16 +8,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from postlane.cli.durations import duration_option
-from postlane.cli.main import console, delivery_json, run_with_store
-from postlane.core.validation import redact_address
+from postlane.cli.shell import console, delivery_json, ids, run_with_store, table, when
+from postlane.core.records import DeadLetter, DeadLetterFilter, Event
+from postlane.core.redaction import redact_address, redact_addresses
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
-from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
+from postlane.store.base import Store
 
 dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, rich_markup_mode=None)
 
 Reason = Annotated[str | None, typer.Option(help="Only this reason (permanent, "
                                                  "budget_exhausted, expired, handler_error).")]
@@ -67,18 +70,25 @@ def list_(ctx: typer.Context, reason: Reason = None, lane: Lane = None,
     counts: dict[str, int] = {}
     for entry in entries:
         counts[entry.reason] = counts.get(entry.reason, 0) + 1
-    table = Table(title=f"dead letters ({len(entries)})")
-    for column in ("id", "reason", "key", "lane", "to", "dead at", "replays", "last response"):
-        table.add_column(column)
+    grid = table("id", "reason", "dead at (UTC)", "key / details",
+                 title=f"dead letters ({len(entries)})", right=("id",), keep=("id", "reason"))
     for e in entries:
-        table.add_row(str(e.delivery_id), e.reason, str(e.snapshot.get("idempotency_key")),
-                      str(e.snapshot.get("lane")),
-                      redact_address(str(e.snapshot.get("recipient", ""))),
-                      e.dead_at.strftime("%Y-%m-%d %H:%M:%S"), str(e.replay_count),
-                      (e.last_response or "")[:60])
-    console.print(table)
+        details = Text(str(e.snapshot.get("idempotency_key")))
+        details.append(f"\n{e.snapshot.get('lane')}, "
+                       f"{redact_address(str(e.snapshot.get('recipient', '')))}, "
+                       f"{e.replay_count} replays", style="dim")
+        if e.last_response:
+            details.append("\n" + _short(redact_addresses(e.last_response)), style="dim")
+        grid.add_row(str(e.delivery_id), e.reason,
+                     e.dead_at.astimezone(UTC).strftime("%Y-%m-%d\n%H:%M:%S"), details)
+    console.print(grid)
     console.print("by reason: " + ("  ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                                    or "none"))
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dlq.command()
@@ -99,7 +109,42 @@ def show(ctx: typer.Context, delivery_id: int,
     if as_json:
         print(json.dumps(data, default=str))
     else:
-        console.print_json(json.dumps(data, default=str))
+        _print_entry(entry)
+
+
+def _print_entry(entry: DeadLetter) -> None:
+    """``dlq show`` for a person: what it was, why it died, what was tried, what was done."""
+    snap = entry.snapshot
+    state = f"open ({entry.delivery_state})" if entry.discarded_at is None else "discarded"
+    fields: list[tuple[str, object]] = [
+        ("reason", entry.reason), ("dead at", when(entry.dead_at)), ("entry", state),
+        ("key", snap.get("idempotency_key")), ("lane", snap.get("lane")),
+        ("to", redact_address(str(snap.get("recipient", "")))),
+        ("subject", snap.get("subject")),
+        ("template", f"{snap.get('template_id')} v{snap.get('template_version')}"
+         if snap.get("template_id") else None),
+        ("import", snap.get("import_id")), ("created", snap.get("created_at")),
+        ("expires", snap.get("expires_at")), ("attempts", snap.get("attempts")),
+        ("replays", entry.replay_count), ("replayed by", entry.replayed_by),
+        ("discarded", f"{when(entry.discarded_at)}: {entry.discard_reason}"
+         if entry.discarded_at else None),
+    ]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("dead letter", f"delivery {entry.delivery_id}")
+    for name, value in fields:
+        if value not in (None, ""):
+            grid.add_row(name, str(value))
+    console.print(grid, markup=False, highlight=False)
+    console.print("last response", style="bold")
+    console.print(Padding(Text(redact_addresses(entry.last_response or "(none)")), (0, 0, 0, 2)))
+    console.print(f"attempt history ({len(entry.attempt_history)})", style="bold")
+    for attempt in entry.attempt_history:
+        at = attempt.get("at", "")
+        rest = "  ".join(f"{k}={v}" for k, v in attempt.items() if k not in ("at", "traceback"))
+        console.print(Padding(Text(f"{at}  {redact_addresses(rest)}"), (0, 0, 0, 2)))
+    console.print("(recipient and content in full: postlane dlq show --json)", style="dim")
 
 
 @dlq.command()
@@ -141,10 +186,10 @@ def replay(
     plan = run_with_store(ctx, _rest)
     verb = "would replay" if plan.dry_run else "replayed"
     console.print(f"canary {plan.canary} was sent; {verb} {len(plan.replay)} entries: "
-                  f"{plan.replay[:20]}{' ...' if len(plan.replay) > 20 else ''}")
+                  f"{ids(plan.replay)}")
     if plan.skipped_expired:
         console.print(f"skipped {len(plan.skipped_expired)} no longer useful (discard them): "
-                      f"{plan.skipped_expired[:20]}")
+                      f"{ids(plan.skipped_expired)}")
 
 
 @dlq.command()

@@ -3,31 +3,37 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from postlane.cli.main import console, err_console, run_with_store
+from postlane.cli.shell import console, err_console, run_with_store, table, when
+from postlane.core.records import Control, ImportRecord
 from postlane.errors import ImportRejected, PostlaneError
 from postlane.imports import (
     DEFAULT_BATCH_SIZE,
+    IMPORT_FAILED,
     ImportReport,
     ImportStatus,
+    failure_reason,
     import_csv,
     import_status,
     pause,
     resume,
 )
-from postlane.store.base import ImportRecord, Store
+from postlane.store.base import Store
+from postlane.worker.controls import IMPORT_PAUSE
 
 imports = typer.Typer(help="Bulk imports as an operator sees them: show, list, pause, resume.",
-                      no_args_is_help=True)
+                      no_args_is_help=True, rich_markup_mode=None)
 
 SHOWN_PROBLEMS = 50
+EXIT_ROWS_SKIPPED = 4
+"""``postlane import`` wrote the good rows but skipped more bad ones than ``--max-skipped``:
+not a crash (re-running after fixing the file creates nothing twice), but not all done."""
 
 
 def import_(
@@ -43,6 +49,9 @@ def import_(
         help="Validate the whole file first; one bad row and nothing is imported.")] = False,
     batch_size: Annotated[int, typer.Option(min=1, help="Rows per write.")] = DEFAULT_BATCH_SIZE,
     lane: Annotated[str, typer.Option(help="Lane of the deliveries.")] = "bulk",
+    max_skipped: Annotated[int, typer.Option(
+        min=0, help="Bad rows tolerated: past this many, exit with status 4 (the good rows "
+                    "are imported either way).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Enqueue one templated delivery per row (key <template>:<user_id>:<import-id>)."""
@@ -79,6 +88,11 @@ def import_(
             f"{report.rows_skipped} skipped; template {report.template} "
             f"v{report.template_version}; {report.elapsed_s:.1f}s ({rate:,.0f} rows/s)")
     _print_problems([(p.line, p.reason) for p in report.problems], report.rows_skipped)
+    if report.rows_skipped > max_skipped:
+        err_console.print(f"[red]error:[/red] {report.rows_skipped} row(s) skipped "
+                          f"(--max-skipped {max_skipped}); fix them and run the same "
+                          "command again: rows already imported are not created twice")
+        raise typer.Exit(EXIT_ROWS_SKIPPED)
 
 
 def _print_problems(problems: list[tuple[int, str]], total: int) -> None:
@@ -108,25 +122,28 @@ def show(
         print(json.dumps(data))
         return
     d = data["deliveries"]
-    title = f"import {import_id}" + ("  [yellow]PAUSED[/yellow]" if status.paused else "")
-    console.print(title)
+    title = f"import {escape(import_id)}" + ("  [yellow]PAUSED[/yellow]" if status.paused
+                                             else "")
+    console.print(title + ("  [red]FAILED[/red]" if status.failed else ""))
+    if status.failed:
+        console.print(f"[red]failed:[/red] {escape(status.failed)}")
     record = status.record
     if record is not None:
-        finished = (f"finished {_t(record.finished_at)}" if record.finished_at
+        finished = (f"stopped {_t(record.finished_at)}" if status.failed and record.finished_at
+                    else f"finished {_t(record.finished_at)}" if record.finished_at
                     else "[yellow]not finished[/yellow] (running, or stopped: re-run to resume)")
         console.print(f"template {record.template} v{record.template_version}, file "
                       f"{record.file_name}, lane {record.lane}, run {record.runs}, started "
                       f"{_t(record.last_started_at)}, {finished}")
         console.print(f"rows: {record.rows_read} read, {record.rows_enqueued} enqueued "
                       f"({record.rows_created} new in this run), {record.rows_skipped} skipped")
-    table = Table(show_header=True)
-    for column in ("created", "claimed", "accepted", "waiting retry", "queued", "dead",
-                   "oldest waiting (s)"):
-        table.add_column(column, justify="right")
-    table.add_row(str(d["created"]), str(d["claimed"]), str(d["accepted"]),
-                  str(d["waiting_retry"]), str(d["queued"]), str(d["dead"]),
-                  f"{d['oldest_waiting_age_s']:.1f}")
-    console.print(table)
+    grid = table("created", "claimed", "accepted", "waiting retry", "queued", "dead",
+                 "oldest waiting (s)", right=("created", "claimed", "accepted", "waiting retry",
+                                              "queued", "dead", "oldest waiting (s)"))
+    grid.add_row(str(d["created"]), str(d["claimed"]), str(d["accepted"]),
+                 str(d["waiting_retry"]), str(d["queued"]), str(d["dead"]),
+                 f"{d['oldest_waiting_age_s']:.1f}")
+    console.print(grid)
     other = {k: v for k, v in d["states"].items()
              if v and k not in ("pending", "sending", "sent", "dead")}
     if other:
@@ -141,31 +158,33 @@ def list_(
 ) -> None:
     """Recorded imports, most recently started first."""
 
-    async def _list(store: Store) -> tuple[list[ImportRecord], set[str]]:
-        from postlane.worker.controls import IMPORT_PAUSE
+    async def _list(store: Store) -> tuple[list[ImportRecord], dict[str, Control]]:
+        return await store.list_imports(limit), await store.get_controls()
 
-        controls = await store.get_controls()
-        paused = {n.removeprefix(IMPORT_PAUSE) for n in controls if n.startswith(IMPORT_PAUSE)}
-        return await store.list_imports(limit), paused
+    records, controls = run_with_store(ctx, _list)
 
-    records, paused = run_with_store(ctx, _list)
+    def failed(import_id: str) -> str | None:
+        control = controls.get(IMPORT_FAILED + import_id)
+        return failure_reason(control.value) if control is not None else None
+
     if as_json:
-        print(json.dumps([{**_record_json(r), "paused": r.import_id in paused}
-                          for r in records]))
+        print(json.dumps([{**_record_json(r), "paused": IMPORT_PAUSE + r.import_id in controls,
+                           "failed": failed(r.import_id)} for r in records]))
         return
     if not records:
         console.print("no imports")
         return
-    table = Table()
-    for column in ("import", "template", "file", "started", "finished", "read", "enqueued",
-                   "skipped", ""):
-        table.add_column(column)
+    grid = table("import", "template", "file", "started (UTC)", "rows", "status",
+                 keep=("import",))
     for r in records:
-        table.add_row(r.import_id, f"{r.template} v{r.template_version}", r.file_name,
-                      _t(r.last_started_at), _t(r.finished_at) if r.finished_at else "-",
-                      str(r.rows_read), str(r.rows_enqueued), str(r.rows_skipped),
-                      "paused" if r.import_id in paused else "")
-    console.print(table)
+        why = failed(r.import_id)
+        state = ("failed: " + why if why else "finished" if r.finished_at else "not finished")
+        if IMPORT_PAUSE + r.import_id in controls:
+            state += ", paused"
+        grid.add_row(r.import_id, f"{r.template} v{r.template_version}", r.file_name,
+                     _t(r.last_started_at), f"{r.rows_read} read, {r.rows_enqueued} "
+                     f"enqueued, {r.rows_skipped} skipped", state)
+    console.print(grid, markup=False, highlight=False)
 
 
 @imports.command("pause")
@@ -208,13 +227,8 @@ def _record_json(r: ImportRecord) -> dict[str, Any]:
     }
 
 
-def _t(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+_t = when
 
 
-def register(app: typer.Typer) -> None:
-    app.command("import")(import_)
-    app.add_typer(imports, name="imports")
 
-
-__all__ = ["import_", "imports", "register"]
+__all__ = ["EXIT_ROWS_SKIPPED", "import_", "imports"]

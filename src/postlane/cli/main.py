@@ -1,29 +1,48 @@
-"""``postlane`` — every verb is a few lines over a core or store call; no rules live here."""
+"""``postlane`` — every verb is a few lines over a core or store call; no rules live here.
+
+Every command is registered here, statically, from modules that import only
+``postlane.cli.shell`` (never this module): the tree is known without running anything.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import tomllib
-from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from postlane.cli import apikeys as apikeys_cli
+from postlane.cli import check as check_cli
+from postlane.cli import demo as demo_cli
+from postlane.cli import dlq as dlq_cli
+from postlane.cli import imports as imports_cli
+from postlane.cli import operate as operate_cli
+from postlane.cli import sandbox as sandbox_cli
+from postlane.cli import serve as serve_cli
+from postlane.cli import suppress as suppress_cli
+from postlane.cli import templates as templates_cli
+from postlane.cli import worker as worker_cli
+from postlane.cli.config import load_config
 from postlane.cli.durations import duration_option
+from postlane.cli.shell import (
+    Context,
+    console,
+    delivery_json,
+    err_console,
+    one_line,
+    run_async,
+    run_with_store,
+    table,
+)
 from postlane.core.message import Delivery, Message
-from postlane.errors import MissingExtra, PostlaneError
+from postlane.errors import MissingExtra
+from postlane.logs import LOG_FORMATS
 from postlane.status import breaker_reason, fleet_status
-from postlane.store import DATABASE_URL_ENV, Store, database_url, open_store
-from postlane.store.migrations import ensure_migrated
-
-T = TypeVar("T")
+from postlane.store import DATABASE_URL_ENV, Store, database_url
 
 app = typer.Typer(
     name="postlane",
@@ -31,16 +50,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "[default: ...]" must reach the reader
 )
-console = Console()
-err_console = Console(stderr=True)
-
-
-class Context:
-    def __init__(self, db: str, *, db_explicit: bool) -> None:
-        self.db = db
-        self.db_explicit = db_explicit
-        """Whether --db, the environment or the config file named a database."""
 
 
 @app.callback()
@@ -54,65 +65,20 @@ def _global(
         "--config", envvar="POSTLANE_CONFIG", show_envvar=True,
         help="TOML file of defaults: top-level `db`, and a table per command "
              "([worker] rate = \"200/s\"). [default: ./postlane.toml if present]")] = None,
+    log_format: Annotated[str | None, typer.Option(
+        "--log-format", envvar="POSTLANE_LOG_FORMAT", show_envvar=True,
+        help=f"Log lines of `worker` and `serve`: {' or '.join(LOG_FORMATS)} (one JSON "
+             "object per line, for a log pipeline). [default: text]")] = None,
 ) -> None:
-    settings = load_config(config)
+    settings = load_config(config, ctx.command)
     ctx.default_map = {k: v for k, v in settings.items() if isinstance(v, dict)}
     explicit = db or settings.get("db") or os.environ.get(DATABASE_URL_ENV)
-    ctx.obj = Context(database_url(explicit), db_explicit=bool(explicit))
-
-
-def load_config(path: Path | None) -> dict[str, Any]:
-    """Read the TOML configuration; command-line options and the environment win over it."""
-    if path is None:
-        path = Path("postlane.toml")
-        if not path.exists():
-            return {}
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise typer.BadParameter(f"configuration file {path} does not exist",
-                                 param_hint="--config") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise typer.BadParameter(f"{path}: {exc}", param_hint="--config") from None
-    # Option names may be written as in the CLI (batch-size) or as Python (batch_size).
-    return {
-        key: ({k.replace("-", "_"): v for k, v in value.items()}
-              if isinstance(value, dict) else value)
-        for key, value in data.items()
-    }
-
-
-def run_async(coro: Awaitable[T]) -> T:
-    """Run ``coro``; a Postlane error becomes a one-line message and exit status 1."""
-
-    async def _await() -> T:
-        return await coro
-
-    try:
-        return asyncio.run(_await())
-    except PostlaneError as exc:
-        fail(exc)
-
-
-def fail(exc: PostlaneError) -> NoReturn:
-    """A Postlane error as one line on stderr (escaped: ``postlane[ses]`` is not markup)."""
-    err_console.print(f"[red]error:[/red] {escape(str(exc))}")
-    raise typer.Exit(1) from None
-
-
-def run_with_store(
-    ctx: typer.Context, action: Callable[[Store], Awaitable[T]], *, migrated: bool = True
-) -> T:
-    """Open the store named by ``--db``, run ``action``, and turn Postlane errors into exit 1."""
-
-    async def _run() -> T:
-        async with open_store(ctx.obj.db) as store:
-            if migrated:
-                ensure_migrated(await store.pending_migrations())
-            return await action(store)
-
-    return run_async(_run())
+    chosen_format = log_format or settings.get("log_format") or "text"
+    if chosen_format not in LOG_FORMATS:
+        raise typer.BadParameter(f"{chosen_format!r} is not one of {', '.join(LOG_FORMATS)}",
+                                 param_hint="--log-format")
+    ctx.obj = Context(database_url(explicit), db_explicit=bool(explicit),
+                      log_format=chosen_format)
 
 
 @app.command()
@@ -176,41 +142,23 @@ def status(
     if as_json:
         print(json.dumps(stats))
         return
-    table = Table(title="lanes")
-    table.add_column("lane")
-    table.add_column("depth", justify="right")
-    table.add_column("oldest age (s)", justify="right")
+    grid = table("lane", "depth", "oldest age (s)", title="lanes", right=("depth",
+                                                                        "oldest age (s)"))
     for name, lane in stats["lanes"].items():
-        table.add_row(name, str(lane["depth"]), f"{lane['oldest_age_s']:.1f}")
-    console.print(table)
+        grid.add_row(name, str(lane["depth"]), f"{lane['oldest_age_s']:.1f}")
+    console.print(grid)
     console.print("states:  " + "  ".join(f"{k}={v}" for k, v in stats["states"].items()))
     console.print("attempts: " + ("  ".join(f"#{k}={v}" for k, v in stats["attempts"].items())
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
     if stats["paused_lanes"] or stats["paused_imports"]:
-        console.print(f"[yellow]paused:[/yellow] lanes {stats['paused_lanes']} "
-                      f"imports {stats['paused_imports']}")
+        console.print(f"[yellow]paused:[/yellow] lanes "
+                      f"{escape(', '.join(stats['paused_lanes']) or 'none')}; imports "
+                      f"{escape(', '.join(stats['paused_imports']) or 'none')}")
     for account, record in stats["breakers"].items():
         console.print(f"[red]breaker {account}: {record['state']}[/red] "
                       f"({escape(breaker_reason(record))})")
-
-
-def delivery_json(delivery: Delivery) -> dict[str, Any]:
-    """A delivery as JSON for ``--json`` output (recipient included: the operator asked)."""
-
-    def _t(value: datetime | None) -> str | None:
-        return value.isoformat() if value else None
-
-    return {
-        "id": delivery.id, "key": delivery.key, "state": str(delivery.state),
-        "lane": delivery.lane, "channel": delivery.channel, "to": delivery.recipient,
-        "subject": delivery.subject, "attempts": delivery.attempts,
-        "run_at": _t(delivery.run_at), "expires_at": _t(delivery.expires_at),
-        "created_at": _t(delivery.created_at), "sent_at": _t(delivery.sent_at),
-        "provider_message_id": delivery.provider_message_id,
-        "dead_reason": delivery.dead_reason, "last_error": delivery.last_error,
-    }
 
 
 @app.command()
@@ -231,38 +179,30 @@ def prune(
     console.print(f"pruned {run_with_store(ctx, _prune)} deliveries")
 
 
-def _register() -> None:
-    from postlane.cli import demo as demo_cli
-    from postlane.cli import dlq as dlq_cli
-    from postlane.cli import worker as worker_cli
+app.command()(demo_cli.demo)
+app.command()(worker_cli.worker)
+app.command()(check_cli.check)
+app.command()(worker_cli.pause)
+app.command()(worker_cli.resume)
+app.command()(sandbox_cli.sandbox)
+app.command()(dlq_cli.timeline)
+app.command()(operate_cli.cancel)
+app.command()(operate_cli.resolve)
+app.add_typer(dlq_cli.dlq, name="dlq")
+app.add_typer(templates_cli.templates, name="templates")
+app.command("import")(imports_cli.import_)
+app.add_typer(imports_cli.imports, name="imports")
+app.add_typer(suppress_cli.suppress, name="suppress")
+app.command()(serve_cli.serve)
+app.add_typer(apikeys_cli.apikey, name="apikey")
 
-    app.command()(demo_cli.demo)
-    app.command()(worker_cli.worker)
-    app.command()(__import__("postlane.cli.check", fromlist=["check"]).check)
-    app.command()(worker_cli.pause)
-    app.command()(worker_cli.resume)
-    app.command()(__import__("postlane.cli.sandbox", fromlist=["sandbox"]).sandbox)
-    app.command()(dlq_cli.timeline)
-    from postlane.cli import operate as operate_cli
-
-    app.command()(operate_cli.cancel)
-    app.command()(operate_cli.resolve)
-    app.add_typer(dlq_cli.dlq, name="dlq")
-    __import__("postlane.cli.templates", fromlist=["register"]).register(app)
-    __import__("postlane.cli.imports", fromlist=["register"]).register(app)
-    from postlane.cli import suppress as suppress_cli
-
-    app.add_typer(suppress_cli.suppress, name="suppress")
-    app.command()(__import__("postlane.cli.serve", fromlist=["serve"]).serve)
-    app.add_typer(__import__("postlane.cli.apikeys", fromlist=["apikey"]).apikey, name="apikey")
-
-
-_register()
+__all__ = ["Context", "app", "console", "delivery_json", "err_console", "main", "run_async",
+           "run_with_store"]
 
 
 def main() -> None:
     try:
         app()
     except MissingExtra as exc:  # raised outside run_async: opening a provider or limiter
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        err_console.print(f"[red]error:[/red] {escape(one_line(str(exc)))}", soft_wrap=True)
         raise SystemExit(1) from None

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import getpass
-from enum import StrEnum
 from typing import Annotated
 
 import typer
 
-from postlane.cli.main import console, run_with_store
-from postlane.core.states import DeadReason, State
-from postlane.store.base import Store, Transition
+from postlane import operations
+from postlane.cli.shell import console, run_with_store
+from postlane.operations import OperationRefused, Resolution
+from postlane.store.base import Store
 
 
 def cancel(
@@ -20,19 +20,18 @@ def cancel(
 ) -> None:
     """Withdraw a pending (or ambiguous) delivery before it is sent."""
 
-    async def _cancel(store: Store) -> bool:
-        return await store.cancel(delivery_id, reason or f"cancelled by {getpass.getuser()}")
+    async def _cancel(store: Store) -> str | None:
+        try:
+            await operations.cancel(store, delivery_id, by=getpass.getuser(), reason=reason)
+        except OperationRefused as exc:
+            return str(exc)
+        return None
 
-    if not run_with_store(ctx, _cancel):
-        console.print(f"delivery {delivery_id} is not pending or ambiguous; nothing cancelled")
+    problem = run_with_store(ctx, _cancel)
+    if problem:
+        console.print(problem, markup=False)
         raise typer.Exit(1)
     console.print(f"delivery {delivery_id} cancelled")
-
-
-class Resolution(StrEnum):
-    SENT = "sent"
-    RESEND = "resend"
-    DEAD = "dead"
 
 
 def resolve(
@@ -48,25 +47,15 @@ def resolve(
     """Settle an ambiguous delivery held for an operator (the lane's `hold` policy)."""
 
     async def _resolve(store: Store) -> str | None:
-        delivery = await store.get(delivery_id)
-        if delivery is None:
-            return f"no delivery {delivery_id}"
-        if delivery.state is not State.AMBIGUOUS:
-            return f"delivery {delivery_id} is {delivery.state}, not ambiguous"
-        detail = {"resolution": f"operator: {as_}", "by": getpass.getuser(), "note": note}
-        state, event, reason = {
-            Resolution.SENT: (State.SENT, "reconciled", None),
-            Resolution.RESEND: (State.PENDING, "reconciled", None),
-            Resolution.DEAD: (State.DEAD, "dead_lettered", DeadReason.AMBIGUOUS_UNRESOLVED),
-        }[as_]
-        applied = await store.set_state_if_ambiguous_many([Transition(
-            delivery.id, delivery.claims, state, event, delay_s=0.0, spend_attempt=False,
-            provider_message_id=provider_message_id, dead_reason=reason, detail=detail,
-        )])
-        return None if applied else f"delivery {delivery_id} changed meanwhile; look again"
+        try:
+            await operations.resolve(store, delivery_id, as_, by=getpass.getuser(), note=note,
+                                     provider_message_id=provider_message_id)
+        except OperationRefused as exc:
+            return str(exc)
+        return None
 
     problem = run_with_store(ctx, _resolve)
     if problem:
-        console.print(problem)
+        console.print(problem, markup=False)
         raise typer.Exit(1)
     console.print(f"delivery {delivery_id} resolved as {as_}")

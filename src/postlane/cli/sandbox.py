@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from postlane.cli.durations import duration_option
-from postlane.cli.main import console, err_console
+from postlane.cli.shell import console, err_console
 
 
 def sandbox(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from postlane.cli.durations import duration_option
 from postlane.core.lanes import parse_lane_shares
 from postlane.errors import ConfigurationError
 from postlane.extras import requires
+from postlane.logs import configure_logging, log_effective_configuration
 
 
 def serve(
@@ -48,8 +50,16 @@ def serve(
         names = [lane.name for lane in parse_lane_shares(lanes)] if lanes else None
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lanes") from None
+    try:
+        configure_logging(log_level, ctx.obj.log_format)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level") from None
+    log_effective_configuration(logging.getLogger("postlane.api"), "serve",
+                                {"db": ctx.obj.db, **ctx.params})
     app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
                      sample_interval_s=sample_interval.total_seconds(),
                      cookie_secure=secure_cookies)
+    # log_config=None: uvicorn's own lines go through the handler configured above, in the
+    # chosen format, instead of a second set of handlers of uvicorn's.
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), proxy_headers=False,
-                server_header=False)
+                server_header=False, log_config=None)

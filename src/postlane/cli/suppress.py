@@ -6,15 +6,16 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from postlane.cli.main import console, run_with_store
-from postlane.core.validation import check_address, redact_address
+from postlane.cli.shell import console, ids, run_with_store, table, when
+from postlane.core.records import Suppression
+from postlane.core.redaction import mask_address
+from postlane.core.validation import check_address
 from postlane.errors import InvalidAddress
-from postlane.store.base import Store, Suppression
+from postlane.store.base import Store
 
 suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
-                       no_args_is_help=True)
+                       no_args_is_help=True, rich_markup_mode=None)
 
 
 @suppress.command("list")
@@ -32,13 +33,15 @@ def list_(ctx: typer.Context,
                            "delivery_id": r.delivery_id, "created_at": r.created_at.isoformat()}
                           for r in rows]))
         return
-    table = Table(title=f"suppressions ({len(rows)})")
-    for column in ("address", "stream", "reason", "delivery", "since"):
-        table.add_column(column)
+    grid = table("address", "stream", "reason", "delivery", "since (UTC)",
+                 title=f"suppressions ({len(rows)})", right=("delivery",), keep=("address",))
     for r in rows:
-        table.add_row(redact_address(r.address) if not address else r.address, r.stream,
-                      r.reason, str(r.delivery_id or ""), r.created_at.isoformat())
-    console.print(table)
+        grid.add_row(r.address if address else mask_address(r.address), r.stream, r.reason,
+                     str(r.delivery_id or ""), when(r.created_at))
+    console.print(grid)
+    if rows and not address:
+        console.print("addresses are masked (#: a hash of the whole address); "
+                      "--address ADDRESS shows one in full", style="dim")
 
 
 @suppress.command()
@@ -74,4 +77,4 @@ def remove(
 
     removed, requeued = run_with_store(ctx, _remove)
     console.print(f"lifted {removed} suppression(s)"
-                  + (f"; requeued deliveries {requeued}" if replay else ""))
+                  + (f"; requeued deliveries: {ids(requeued)}" if replay else ""))

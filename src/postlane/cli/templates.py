@@ -6,16 +6,16 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from postlane.cli.main import console, run_with_store
+from postlane.cli.shell import console, run_with_store, table, when
+from postlane.core.records import TemplateVersion
 from postlane.errors import UnknownTemplate
-from postlane.store.base import Store, TemplateVersion
+from postlane.store.base import Store
 from postlane.templates import add_template, delete_template, deprecate_template
 
 templates = typer.Typer(
     help="Versioned templates: a message is rendered once, at enqueue; editing adds a version.",
-    no_args_is_help=True,
+    no_args_is_help=True, rich_markup_mode=None,
 )
 
 
@@ -68,13 +68,11 @@ def list_(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] =
     if not found:
         console.print("no templates")
         return
-    table = Table()
-    for column in ("name", "version", "deprecated", "subject", "updated"):
-        table.add_column(column)
+    grid = table("name", "version", "subject", "updated (UTC)", keep=("name",))
     for t in found:
-        table.add_row(t.name, str(t.version), "yes" if t.deprecated else "",
-                      t.subject, t.created_at.strftime("%Y-%m-%d %H:%M:%S"))
-    console.print(table)
+        grid.add_row(t.name, f"{t.version}, deprecated" if t.deprecated else str(t.version),
+                     t.subject, when(t.created_at))
+    console.print(grid, markup=False, highlight=False)
 
 
 @templates.command("show")
@@ -134,7 +132,3 @@ def delete(ctx: typer.Context,
 
     run_with_store(ctx, _delete)
     console.print(f"template {name} deleted")
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(templates, name="templates")

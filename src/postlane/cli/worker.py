@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import signal
 from datetime import timedelta
 from typing import Annotated
@@ -14,8 +13,10 @@ from rich.markup import escape
 
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
+from postlane.core.rates import parse_rate
 from postlane.errors import ConfigurationError
 from postlane.limiter import open_limiter
+from postlane.logs import configure_logging, log_effective_configuration
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -25,18 +26,6 @@ from postlane.worker.drain import DEFAULT_DRAIN_TIMEOUT_S, DrainResult, drain_wi
 
 EXIT_DRAIN_GAVE_UP = 3
 """``worker --drain`` gave up after ``--drain-timeout``: not a crash, work is left waiting."""
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h))?\s*$")
-_PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_rate(text: str) -> float:
-    """``200/s``, ``12000/m``, ``200`` -> sends per second."""
-    match = _RATE.match(text)
-    if not match or float(match[1]) <= 0:
-        raise ConfigurationError(f"not a rate: {text!r} (expected e.g. 200/s or 12000/m)")
-    return float(match[1]) / _PER[match[2]]
-
 
 def _lanes(text: str | None) -> tuple[LaneConfig, ...]:
     return tuple(parse_lane_shares(text)) if text else DEFAULT_LANES
@@ -98,9 +87,8 @@ def worker(
                                            help="DEBUG, INFO, WARNING...")] = "INFO",
 ) -> None:
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        configure_logging(log_level, ctx.obj.log_format)
         config = WorkerConfig(
             concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
             lease=lease, attempt_timeout_s=attempt_timeout.total_seconds(),
@@ -118,6 +106,8 @@ def worker(
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
+    log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
+                                {"db": ctx.obj.db, **ctx.params})
 
     async def _run() -> DrainResult | None:
         async with open_store(ctx.obj.db) as store:
@@ -142,7 +132,7 @@ def worker(
                 if limiter_obj is not None:
                     await limiter_obj.close()
 
-    from postlane.cli.main import err_console, run_async
+    from postlane.cli.shell import err_console, run_async
 
     result = run_async(_run())
     if result is not None and not result.drained:
@@ -162,7 +152,7 @@ def pause(
     async def _pause(store: Store) -> None:
         await pause_lane(store, lane)
 
-    from postlane.cli.main import console, run_with_store
+    from postlane.cli.shell import console, run_with_store
 
     run_with_store(ctx, _pause)
     console.print(f"lane {lane} paused: workers stop claiming it within a second")
@@ -180,7 +170,7 @@ def resume(
     async def _resume(store: Store) -> None:
         await resume_lane(store, lane)
 
-    from postlane.cli.main import console, run_with_store
+    from postlane.cli.shell import console, run_with_store
 
     run_with_store(ctx, _resume)
     console.print(f"lane {lane} resumed")

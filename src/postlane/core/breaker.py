@@ -13,17 +13,15 @@ status`` and the dashboard say *why* nothing is sent.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from postlane.core.validation import redact_address
+from postlane.core.redaction import redact_addresses
 
 CONTROL_PREFIX = "breaker:"
 CAUSE_LIMIT = 300
 """How much of the provider's answer is kept as the breaker's cause."""
-_ADDRESS = re.compile(r"[^\s<>()\[\]\"',;:]+@[^\s<>()\[\]\"',;:]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +120,7 @@ def account_cause(response: str | None) -> str:
     """The provider's answer as a breaker cause: one line, bounded, addresses redacted (an
     SES sandbox names the unverified recipient)."""
     text = " ".join((response or "no detail given").split())
-    text = _ADDRESS.sub(lambda m: redact_address(m.group(0)), text)
+    text = redact_addresses(text)
     return text if len(text) <= CAUSE_LIMIT else text[:CAUSE_LIMIT - 3] + "..."
 
 

@@ -6,6 +6,8 @@ providers, the CLI and the worker all show URLs and addresses through these.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from urllib.parse import urlsplit
 
 
@@ -25,3 +27,26 @@ def redact_url(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()
+
+
+_ADDRESS_IN_TEXT = re.compile(
+    r"[^\s<>()\[\]\"',;:=&?/]+(?:@|%40)[^\s<>()\[\]\"',;:&?/]+", re.IGNORECASE)
+
+
+def redact_addresses(text: str) -> str:
+    """Every address inside free text (a provider's answer, a log line, a URL's query with
+    ``%40``) redacted as by ``redact_address``: an SMTP 550 often quotes the recipient."""
+    return _ADDRESS_IN_TEXT.sub(
+        lambda m: redact_address(re.sub("%40", "@", m.group(0), flags=re.IGNORECASE)), text)
+
+
+def mask_address(address: str) -> str:
+    """``alice.smith@example.com`` -> ``al***@example.com #1c9e3f``: still redacted, yet two
+    entries of a list (``alice.smith``, ``alice.smyth``) can be told apart and matched
+    against an address the operator already knows (``suppress list --address``)."""
+    local, sep, domain = address.rpartition("@")
+    digest = hashlib.sha256(address.strip().lower().encode()).hexdigest()[:6]
+    if not sep:
+        return f"{redact_address(address)} #{digest}"
+    shown = local[:2] if len(local) > 4 else local[:1]
+    return f"{shown}***@{domain} #{digest}"

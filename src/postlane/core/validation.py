@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from postlane.core.addresses import ascii_domain, unicode_local_problem
 from postlane.core.message import EMAIL, Message
+from postlane.core.redaction import mask_address as mask_address  # re-exported
 from postlane.core.redaction import redact_address as redact_address  # re-exported
+from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
@@ -55,30 +58,45 @@ class Limits:
 
 
 def check_address(address: str, *, field: str = "to") -> None:
-    """Raise ``InvalidAddress`` unless ``address`` is a bare, syntactically valid address."""
+    """Raise ``InvalidAddress`` unless ``address`` is a bare, syntactically valid address.
+
+    Internationalized addresses are accepted (``postlane.core.addresses``): a Unicode domain
+    that is valid IDNA 2008, a Unicode local part by RFC 6531. Whether a transport can carry
+    the local part is the adapter's question, answered at send time."""
     if not isinstance(address, str) or not address:
         raise InvalidAddress(f"{field}: address is empty", field=field)
     if _WHITESPACE_OR_CONTROL.search(address) and not address.startswith('"'):
         raise InvalidAddress(f"{field}: address contains whitespace or control characters",
                              field=field)
-    if len(address) > 254:
-        raise InvalidAddress(f"{field}: address is longer than 254 characters", field=field)
     local, sep, domain = address.rpartition("@")
     if not sep or not local or not domain:
         raise InvalidAddress(f"{field}: address has no local part and domain ('user@host')",
                              field=field)
-    if len(local) > 64:
+    # RFC 5321's limits are octets; a Unicode local part counts in UTF-8 (RFC 6531).
+    local_octets = len(local.encode("utf-8", "surrogatepass"))
+    if local_octets > 64:
         raise InvalidAddress(f"{field}: local part is longer than 64 characters", field=field)
-    if not (_LOCAL.match(local) or _QUOTED_LOCAL.match(local)):
-        raise InvalidAddress(f"{field}: local part is not valid", field=field)
+    if local.isascii():
+        if not (_LOCAL.match(local) or _QUOTED_LOCAL.match(local)):
+            raise InvalidAddress(f"{field}: local part is not valid", field=field)
+    else:
+        problem = unicode_local_problem(local)
+        if problem is not None:
+            raise InvalidAddress(f"{field}: {problem}", field=field)
     if _ADDRESS_LITERAL.match(domain):
+        if local_octets + 1 + len(domain) > 254:
+            raise InvalidAddress(f"{field}: address is longer than 254 characters",
+                                 field=field)
         return
     if domain.endswith("."):
         # DNS's root dot has no place in an address: RFC 5321 and 5322 refuse it, and
         # Python's email package parses ``To: a@example.com.`` as no address at all.
         raise InvalidAddress(f"{field}: domain {domain!r} ends with a dot; drop it",
                              field=field)
-    labels = domain.split(".")
+    wire_domain = ascii_domain(domain, field=field)
+    if local_octets + 1 + len(wire_domain) > 254:
+        raise InvalidAddress(f"{field}: address is longer than 254 characters", field=field)
+    labels = wire_domain.split(".")
     if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
         raise InvalidAddress(f"{field}: domain {domain!r} is not a valid host name", field=field)
     if labels[-1].isdigit():

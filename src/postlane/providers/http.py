@@ -33,7 +33,9 @@ The generic adapter, ``http(s)://host/path``, POSTs ``{to, from, subject, text, 
 headers, metadata}`` as JSON with the key in ``Idempotency-Key`` and a bearer token from
 ``POSTLANE_HTTP_TOKEN`` (or the URL's password). The API is declared to deduplicate by key
 (``dedupe=0`` says it does not). Options: ``timeout=10``, ``connect_timeout=5``, ``pool=20``,
-``dedup_window=86400`` (seconds), ``from=ADDR``, ``account=NAME``.
+``dedup_window=86400`` (seconds), ``from=ADDR``, ``account=NAME``, ``utf8=1`` (the API takes
+addresses with a Unicode local part; without it such a delivery is refused as permanent,
+nothing sent). Domains always go as A-labels (punycode).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from postlane.core.addresses import wire_address
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
@@ -56,6 +59,8 @@ from postlane.providers.progress import AttemptProgress, current_progress
 HTTP_TOKEN_ENV = "POSTLANE_HTTP_TOKEN"
 RESPONSE_LIMIT = 2000
 """How much of a response body is kept as the outcome's response text."""
+HTTP_NO_UTF8 = ("the API was not declared to take one (add utf8=1 to the provider URL if "
+                "it does)")
 ACCOUNT_STATUSES = (401, 403)
 """Statuses that speak of the account (its credentials, its permissions), never a message."""
 
@@ -280,10 +285,13 @@ class JsonHttpProvider(HttpApiProvider):
         token: Secret | None = None,
         deduplicates: bool = True,
         dedup_window: timedelta | None = timedelta(hours=24),
+        utf8: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(url, **kwargs)
         self.token = token
+        self.utf8 = utf8
+        """The API takes addresses with a Unicode local part (``utf8=1``)."""
         self.capabilities = Capabilities(
             deduplicates_by_key=deduplicates,
             dedup_window=dedup_window if deduplicates else None,
@@ -296,13 +304,14 @@ class JsonHttpProvider(HttpApiProvider):
             raise ConfigurationError(f"not an http(s):// URL with a host: {parsed.redacted!r}")
         deduplicates = bool(parsed.flag("dedupe", True))
         window = parsed.number("dedup_window", 86400.0)
+        utf8 = bool(parsed.flag("utf8", False))
         kwargs = http_options(parsed)
         token = secret(parsed.password, HTTP_TOKEN_ENV)
         parsed.finish()
         port = f":{parsed.port}" if parsed.port else ""
         endpoint = f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
         return cls(endpoint, token=token, deduplicates=deduplicates,
-                   dedup_window=timedelta(seconds=window) if window else None,
+                   dedup_window=timedelta(seconds=window) if window else None, utf8=utf8,
                    **kwargs, **extra)
 
     def headers(self, delivery: Delivery) -> dict[str, str]:
@@ -313,17 +322,21 @@ class JsonHttpProvider(HttpApiProvider):
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
         return self.client.build_request(
-            "POST", self.base_url, json=generic_payload(delivery, self.default_sender),
+            "POST", self.base_url,
+            json=generic_payload(delivery, self.default_sender, utf8=self.utf8),
             headers=self.headers(delivery),
         )
 
 
-def generic_payload(delivery: Delivery, default_sender: str | None) -> dict[str, Any]:
+def generic_payload(delivery: Delivery, default_sender: str | None, *,
+                    utf8: bool = False) -> dict[str, Any]:
+    """The JSON body. Domains go as A-labels; a Unicode local part only when ``utf8`` (the
+    API was declared to take one, ``utf8=1``), else ``InvalidAddress``."""
     sender = sender_of(delivery, default_sender)
     check_delivery(delivery, sender)
     return {
-        "to": delivery.recipient,
-        "from": sender,
+        "to": wire_address(delivery.recipient, field="to", utf8=utf8, transport=HTTP_NO_UTF8),
+        "from": wire_address(sender, field="sender", utf8=utf8, transport=HTTP_NO_UTF8),
         "subject": delivery.subject,
         "text": delivery.text,
         "html": delivery.html,

@@ -10,20 +10,31 @@ Headers are checked again here, before anything is sent, with the rules of enque
 headers or a second message, and a header Postlane sets (the MIME structure, the Message-ID,
 ``X-Postlane-*``) or a ``Message`` field owns (To, Cc, Bcc, From, Sender, Subject) cannot be
 given. A row that fails is refused as a permanent outcome.
+
+International content (``docs/content.md``): subjects and header values in any script go as
+RFC 2047 encoded words and bodies as quoted-printable or base64, so the message is 7-bit
+and any server takes it; addresses go with their domains in A-labels. A Unicode local part
+has no 7-bit form: only ``build_email(..., utf8=True)`` carries it, as an RFC 6532 message
+(UTF-8 headers, 8-bit bodies) for an SMTP server that offers SMTPUTF8; otherwise the build
+is refused with ``InvalidAddress`` naming the transport.
 """
 
 from __future__ import annotations
 
 import hashlib
 from email.message import EmailMessage
-from email.policy import SMTP
+from email.policy import SMTP, SMTPUTF8
 from email.utils import format_datetime
 
+from postlane.core.addresses import ascii_domain, wire_address
 from postlane.core.message import Delivery
 from postlane.core.validation import check_address, check_header, check_subject
 from postlane.errors import InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
+SEVEN_BIT = SMTP.clone(cte_type="7bit")
+"""Every byte 7-bit: no server extension (8BITMIME, SMTPUTF8) needed to carry it."""
+NO_UTF8 = "this transport cannot carry it"
 
 
 def key_digest(key: str) -> str:
@@ -32,8 +43,14 @@ def key_digest(key: str) -> str:
 
 
 def message_id(key: str, sender: str | None = None) -> str:
-    """``<sha256(key)[:32]@domain>``: the same for every attempt and replay of a key."""
+    """``<sha256(key)[:32]@domain>``: the same for every attempt and replay of a key, over
+    every transport (an internationalized domain goes in A-labels)."""
     domain = sender.rpartition("@")[2] if sender and "@" in sender else "postlane"
+    if not domain.isascii():
+        try:
+            domain = ascii_domain(domain, field="sender")
+        except InvalidMessage:
+            domain = "postlane"
     return f"<{key_digest(key)[:32]}@{domain}>"
 
 
@@ -56,16 +73,21 @@ def check_delivery(delivery: Delivery, sender: str) -> None:
         raise InvalidMessage("an email needs a text or an html body", field="text")
 
 
-def build_email(delivery: Delivery, sender: str) -> EmailMessage:
+def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
+                transport: str = NO_UTF8) -> EmailMessage:
     """The message as it goes on the wire; ``bytes(...)`` via ``as_bytes()`` uses CRLF.
+
+    ``utf8``: the transport carries RFC 6532 messages (SMTP with SMTPUTF8): headers go as
+    UTF-8, bodies as 8-bit. Otherwise everything is 7-bit, and an address with a Unicode
+    local part is refused (``InvalidAddress``), with ``transport`` saying why it cannot go.
 
     The caller's headers come after Postlane's; ``check_delivery`` has made sure that none
     of them names a header Postlane sets or a field owns.
     """
     check_delivery(delivery, sender)
-    msg = EmailMessage(policy=SMTP)
-    msg["From"] = sender
-    msg["To"] = delivery.recipient
+    msg = EmailMessage(policy=SMTPUTF8 if utf8 else SEVEN_BIT)
+    msg["From"] = wire_address(sender, field="sender", utf8=utf8, transport=transport)
+    msg["To"] = wire_address(delivery.recipient, field="to", utf8=utf8, transport=transport)
     msg["Subject"] = delivery.subject
     msg["Date"] = format_datetime(delivery.created_at)
     msg["Message-ID"] = message_id(delivery.key, sender)

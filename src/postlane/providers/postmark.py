@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from postlane.core.addresses import wire_address
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.errors import ConfigurationError
@@ -34,6 +35,9 @@ from postlane.providers.options import ProviderURL, Secret, secret
 
 POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
 POSTMARK_API = "https://api.postmarkapp.com"
+POSTMARK_NO_UTF8 = "Postmark does not accept Unicode mailbox names"
+"""Postmark answers ``ErrorCode`` 300 "Illegal email mailbox" to one, and its support has
+said such recipients are not supported; a Unicode domain goes as punycode."""
 
 ERROR_CODES: dict[int, tuple[OutcomeClass, str]] = {
     10: (OutcomeClass.ACCOUNT, "bad or missing server token (the account, not the message)"),
@@ -107,8 +111,9 @@ def postmark_payload(delivery: Delivery, default_sender: str | None,
     sender = sender_of(delivery, default_sender)
     check_delivery(delivery, sender)
     body: dict[str, Any] = {
-        "From": sender,
-        "To": delivery.recipient,
+        "From": wire_address(sender, field="sender", utf8=False, transport=POSTMARK_NO_UTF8),
+        "To": wire_address(delivery.recipient, field="to", utf8=False,
+                           transport=POSTMARK_NO_UTF8),
         "Subject": delivery.subject,
         "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
         + [{"Name": KEY_HEADER, "Value": delivery.key}],

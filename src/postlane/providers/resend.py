@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from postlane.core.addresses import wire_address
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.errors import ConfigurationError
@@ -32,6 +33,10 @@ from postlane.providers.options import ProviderURL, Secret, secret
 
 RESEND_TOKEN_ENV = "POSTLANE_RESEND_TOKEN"
 RESEND_API = "https://api.resend.com"
+RESEND_NO_UTF8 = "Resend does not document accepting Unicode mailbox names"
+"""Its API reference says nothing about non-ASCII addresses, so none is sent on a guess: a
+mangled or misrouted address is worse than a clear refusal. A Unicode domain goes as
+punycode."""
 
 ERROR_NAMES: dict[str, OutcomeClass] = {
     "invalid_idempotency_key": OutcomeClass.PERMANENT,
@@ -114,8 +119,9 @@ def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, 
     sender = sender_of(delivery, default_sender)
     check_delivery(delivery, sender)
     body: dict[str, Any] = {
-        "from": sender,
-        "to": [delivery.recipient],
+        "from": wire_address(sender, field="sender", utf8=False, transport=RESEND_NO_UTF8),
+        "to": [wire_address(delivery.recipient, field="to", utf8=False,
+                            transport=RESEND_NO_UTF8)],
         "subject": delivery.subject,
         "headers": {**delivery.headers, KEY_HEADER: delivery.key},
         # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.

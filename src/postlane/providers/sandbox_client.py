@@ -72,7 +72,8 @@ class SandboxHttpProvider(HttpApiProvider):
         return None
 
     def build_request(self, delivery: Delivery) -> httpx.Request:
-        payload = generic_payload(delivery, self.default_sender or DEFAULT_SENDER)
+        # The sandbox takes any address it is given, a Unicode local part too.
+        payload = generic_payload(delivery, self.default_sender or DEFAULT_SENDER, utf8=True)
         return self.client.build_request(
             "POST", f"{self.base_url}/v1/messages", json=payload,
             headers={"Idempotency-Key": delivery.key, "Accept": "application/json"},

@@ -28,6 +28,8 @@ Mapping (error code first, then HTTP status):
     connect timeout, connection refused, TLS failure     transient (never left)
     read timeout, connection closed mid-exchange         ambiguous
     any failure before botocore began the HTTP exchange  transient (never left)
+    an address with a Unicode local part (SES has no
+      SMTPUTF8; nothing is sent)                         permanent
 
 Phases (``postlane.core.outcomes.Phase``): queued while the call waits for a thread of the
 pool (cancelled there, it never runs), request while botocore builds and signs it, response
@@ -54,6 +56,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from postlane.core.addresses import wire_address
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import parse_retry_after
@@ -110,6 +113,9 @@ _UNVERIFIED = ("not verified", "did not have authority", "not authorized to send
 message: "Email address is not verified", "...did not have authority to send from...".
 An SES account in the sandbox also answers "not verified" for an unverified *recipient*:
 account-level too (it ends when the account leaves the sandbox), never the message's."""
+SES_NO_UTF8 = "Amazon SES does not support SMTPUTF8 (its addresses must be 7-bit ASCII)"
+"""SES's API reference (``Destination``): no SMTPUTF8; a Unicode domain must be punycode
+(done here), and punycode is not permitted in the local part."""
 _ACCOUNT_STOPS = frozenset({
     "LimitExceededException", "SendingPausedException", "AccountSendingPausedException",
     "ConfigurationSetSendingPausedException",
@@ -227,10 +233,12 @@ class SESProvider(Provider):
     def request_of(self, delivery: Delivery) -> dict[str, Any]:
         """The ``SendEmail`` arguments; raises ``InvalidMessage`` for what cannot be sent."""
         sender = sender_of(delivery, self.config.default_sender)
-        raw = build_email(delivery, sender).as_bytes()
+        raw = build_email(delivery, sender, transport=SES_NO_UTF8).as_bytes()
         request: dict[str, Any] = {
-            "FromEmailAddress": sender,
-            "Destination": {"ToAddresses": [delivery.recipient]},
+            "FromEmailAddress": wire_address(sender, field="sender", utf8=False,
+                                             transport=SES_NO_UTF8),
+            "Destination": {"ToAddresses": [wire_address(
+                delivery.recipient, field="to", utf8=False, transport=SES_NO_UTF8)]},
             "Content": {"Raw": {"Data": raw}},
             "EmailTags": [
                 {"Name": "postlane_delivery_id", "Value": str(delivery.id)},

@@ -17,6 +17,8 @@ Mapping (the phase matters more than the code: SMTP tells us where we are):
     a rejected RCPT (one recipient per delivery, so: the message)  permanent
     connection lost or timeout after the final "." was written     ambiguous
     250 after the final "."                                        accepted
+    an address with a Unicode local part, and the server does not
+      offer SMTPUTF8 (nothing is sent)                             permanent
 
 The point of no return is the final dot of DATA handed to the connection: a server
 cannot accept a message before it has the dot. DATA is therefore sent in two halves
@@ -26,6 +28,12 @@ slot), connect (TCP, smtps TLS and the 220 greeting: one call in aiosmtplib), he
 auth, envelope (MAIL, RCPT), data (DATA until the dot), response (after the dot). Each is
 reported to the worker's ``AttemptProgress`` so a deadline in any of them is classified the
 same way. BDAT (CHUNKING) is not used; aiosmtplib does not offer it.
+
+International addresses (``postlane.core.addresses``): domains go as A-labels always; an
+address with a Unicode local part goes with ``SMTPUTF8`` (MAIL FROM, UTF-8 on the command
+lines, an RFC 6532 message) when the server offers it, and is refused as permanent when it
+does not. Only such a message uses SMTPUTF8; every other one is 7-bit (RFC 2047 headers,
+quoted-printable or base64 bodies), which any next hop accepts.
 
 Options: ``starttls=1`` (require) / ``starttls=0`` (never; default: if offered, and
 required when credentials are configured), ``allow_plain_auth=1`` (with ``starttls=0``:
@@ -46,12 +54,13 @@ import ssl
 import time
 from dataclasses import dataclass
 
+from postlane.core.addresses import has_unicode_local, wire_address
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
-from postlane.providers.mime import build_email, message_id, sender_of
+from postlane.providers.mime import NO_UTF8, build_email, message_id, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
 
@@ -71,6 +80,9 @@ with requires("smtp", "the SMTP provider"):
     )
     from aiosmtplib.protocol import PERIOD_REGEX, normalize_message_line_endings
 
+NO_SMTPUTF8 = ("an address's local part is not ASCII (an internationalized address, RFC 6531) "
+               "and the SMTP server does not offer SMTPUTF8 to carry it; it has no ASCII "
+               "form, so nothing was sent")
 USERNAME_ENV = "POSTLANE_SMTP_USERNAME"
 PASSWORD_ENV = "POSTLANE_SMTP_PASSWORD"
 
@@ -243,7 +255,11 @@ class SMTPProvider(Provider):
     async def send(self, delivery: Delivery) -> Outcome:
         try:
             sender = sender_of(delivery, self.config.default_sender)
-            data = build_email(delivery, sender).as_bytes()
+            # A Unicode local part needs SMTPUTF8 (RFC 6531); only then is the message
+            # RFC 6532 (UTF-8 headers). Anything else goes 7-bit, which every next hop
+            # takes: a raw UTF-8 message relayed to a server without SMTPUTF8 would bounce.
+            utf8 = has_unicode_local(delivery.recipient) or has_unicode_local(sender)
+            data = build_email(delivery, sender, utf8=utf8).as_bytes()
         except InvalidMessage as exc:
             return refused_before_sending(exc)
         msg_id = message_id(delivery.key, sender)
@@ -264,9 +280,13 @@ class SMTPProvider(Provider):
                             "never sent in clear (starttls=0&allow_plain_auth=1 to allow it)")
                     return Outcome.transient(f"not sent: connect failed: {_describe(exc)}",
                                              phase=progress.phase)
+                if utf8 and not conn.client.supports_extension("smtputf8"):
+                    self._checkin(conn)  # the session is untouched: MAIL was never sent
+                    return Outcome.permanent(
+                        f"refused before sending: {NO_SMTPUTF8}").at(progress.phase)
                 try:
                     reply = await self._transaction(conn, sender, delivery.recipient, data,
-                                                    progress)
+                                                    progress, utf8=utf8)
                 except _Phase as failure:
                     await self._after_failure(conn, failure)
                     if (failure.phase == "mail" and conn.reused and attempt == 0
@@ -282,16 +302,25 @@ class SMTPProvider(Provider):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _transaction(self, conn: _Connection, sender: str, recipient: str,
-                           data: bytes, progress: AttemptProgress
+                           data: bytes, progress: AttemptProgress, *, utf8: bool = False
                            ) -> aiosmtplib.SMTPResponse:
+        """MAIL, RCPT, DATA. ``utf8``: the addresses go as UTF-8 with ``SMTPUTF8`` on MAIL
+        (and ``BODY=8BITMIME``: an RFC 6532 message may have 8-bit bodies); domains are
+        A-labels either way."""
         client = conn.client
+        encoding = "utf-8" if utf8 else "ascii"
+        options = ["SMTPUTF8"] if utf8 else []
+        if utf8 and client.supports_extension("8bitmime"):  # RFC 6531 servers offer it
+            options.append("BODY=8BITMIME")
+        envelope_from = wire_address(sender, field="sender", utf8=utf8, transport=NO_UTF8)
+        envelope_to = wire_address(recipient, field="to", utf8=utf8, transport=NO_UTF8)
         progress.reach(Phase.ENVELOPE)
         try:
-            await client.mail(sender)
+            await client.mail(envelope_from, options=options, encoding=encoding)
         except (SMTPException, OSError) as exc:
             raise _Phase("mail", exc) from None
         try:
-            await client.rcpt(recipient)
+            await client.rcpt(envelope_to, encoding=encoding)
         except (SMTPException, OSError) as exc:
             raise _Phase("rcpt", exc) from None
         progress.reach(Phase.DATA)

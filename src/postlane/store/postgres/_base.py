@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
@@ -29,6 +30,10 @@ _TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
 
 
 _JSON = json.JSONDecoder()
+
+CONNECT_TIMEOUT_S = 5
+"""libpq's ``connect_timeout`` unless the URL sets one: a host that drops packets fails in
+seconds, not after the operating system's TCP timeout of minutes."""
 
 
 def _json_loads(data: bytes | str) -> Any:
@@ -81,14 +86,28 @@ class PostgresBase(Store):
     ) -> None:
         super().__init__(limits)
         self.url = url
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        try:
+            if "connect_timeout" not in conninfo_to_dict(url):
+                self._connect_kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+        except psycopg.ProgrammingError:
+            pass  # a malformed URL: the first connection attempt says what is wrong with it
         self._pool = AsyncConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False,
-            kwargs={"autocommit": True}, configure=_configure,
+            kwargs=self._connect_kwargs, configure=_configure,
         )
         self._wakeup = asyncio.Event()
         self._listener: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
+        # One direct connection first: a server that is down, a database that does not
+        # exist or a role it refuses is said at once, with libpq's own words, instead of
+        # the pool retrying (and logging each retry) until its own timeout.
+        try:
+            probe = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+        await probe.close()
         try:
             await self._pool.open(wait=True, timeout=10)
         except psycopg.OperationalError as exc:
@@ -154,7 +173,7 @@ class PostgresBase(Store):
         """Hold one connection on LISTEN; reconnect after a drop (polling covers the gap)."""
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs)
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._wakeup.set()  # anything enqueued while we were not listening
