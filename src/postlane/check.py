@@ -29,13 +29,13 @@ import contextlib
 import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from postlane.core.durations import parse_duration
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors
-from postlane.core.policy import RetryPolicy, backoff_s
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
+from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
 from postlane.core.rates import parse_rate
 from postlane.core.redaction import redact_url
 from postlane.errors import (
@@ -105,6 +105,10 @@ class CheckSettings:
     lane_expiry: str | None = None
     """``interactive=15m,bulk=24h``: the usefulness window of each lane's messages, when it
     differs from the lane's default expiry."""
+    retry_base: str | None = None
+    """``interactive=250ms,bulk=1s`` as given to the worker: each lane's backoff base."""
+    retry_cap: str | None = None
+    """``interactive=30s,bulk=5m`` as given to the worker: each lane's longest backoff."""
     headroom: float = 0.02
     concurrency: int = 200
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -130,7 +134,9 @@ async def run_checks(settings: CheckSettings) -> list[Finding]:
     if run["provider"] or run["limiter"]:  # the limiter's key is the provider's account
         provider_findings, provider = build_provider(settings.provider)
     ceiling, rate_findings = check_rate(settings.rate, settings.headroom)
-    lanes, lane_findings = lane_configs(settings.lanes, settings.lane_expiry)
+    lanes, lane_findings = lane_configs(settings.lanes, settings.lane_expiry,
+                                        retry_base=settings.retry_base,
+                                        retry_cap=settings.retry_cap)
     account = provider.account if provider is not None else None
 
     database, limiter, probe = await asyncio.gather(
@@ -452,11 +458,12 @@ def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, 
 
 # -- lanes -------------------------------------------------------------------------------
 def lane_configs(
-    lanes: str | Sequence[LaneConfig] | None, expiry: str | None = None,
+    lanes: str | Sequence[LaneConfig] | None, expiry: str | None = None, *,
+    retry_base: str | None = None, retry_cap: str | None = None,
 ) -> tuple[list[LaneConfig], list[Finding]]:
     """The lanes a worker would run, parsed leniently: bad shares are findings, not errors,
     so the remaining checks still run. ``expiry`` (``interactive=15m``) overrides the
-    default expiry of the lanes it names."""
+    default expiry of the lanes it names; ``retry_base`` and ``retry_cap`` their backoff."""
     findings: list[Finding] = []
     configs: list[LaneConfig] = []
     if lanes is None:
@@ -477,13 +484,18 @@ def lane_configs(
                                         "write it as interactive=70,bulk=30"))
                 continue
             template = by_name.get(name, LaneConfig(name, 0.0))
-            configs.append(LaneConfig(name, share, template.max_attempts,
-                                      template.default_expiry, template.on_ambiguous))
+            configs.append(replace(template, name=name, share=share))
     else:
         configs = list(lanes)
     if expiry:
         configs, more = _with_expiry(configs, expiry)
         findings.extend(more)
+    if configs and (retry_base or retry_cap):
+        try:
+            configs = list(with_lane_timings(configs, retry_base=retry_base,
+                                             retry_cap=retry_cap))
+        except ConfigurationError as exc:
+            findings.append(Finding("lanes", "fail", str(exc)))
     return configs, findings
 
 
@@ -506,8 +518,7 @@ def _with_expiry(lanes: list[LaneConfig],
             findings.append(Finding("lanes", "fail", f"lane expiry {part.strip()!r}: {exc}"))
             continue
         lane = by_name[name]
-        by_name[name] = LaneConfig(lane.name, lane.share, lane.max_attempts, window,
-                                   lane.on_ambiguous)
+        by_name[name] = replace(lane, default_expiry=window)
     return [by_name[lane.name] for lane in lanes], findings
 
 
@@ -536,13 +547,16 @@ def check_lane_shares(lanes: Sequence[LaneConfig], concurrency: int = 100) -> Fi
 
 
 def expected_retry_budget_s(lane: LaneConfig, policy: RetryPolicy = RetryPolicy()) -> float:
-    """The expected total backoff of a lane's retries: after each of the first
-    ``max_attempts - 1`` attempts, full jitter waits half its ceiling on average."""
+    """The expected total backoff of a lane's retries (with its own base and cap where it
+    sets them): after each of the first ``max_attempts - 1`` attempts, full jitter waits
+    half its ceiling on average."""
+    policy = lane_policy(lane, policy)
     return sum(backoff_s(k, policy, lambda: 0.5) for k in range(1, lane.max_attempts))
 
 
 def worst_retry_budget_s(lane: LaneConfig, policy: RetryPolicy = RetryPolicy()) -> float:
     """The longest total backoff (every jitter draw at its ceiling)."""
+    policy = lane_policy(lane, policy)
     return sum(backoff_s(k, policy, lambda: 1.0) for k in range(1, lane.max_attempts))
 
 

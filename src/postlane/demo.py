@@ -4,6 +4,12 @@ A digest burst floods the bulk lane while password resets and verification codes
 in the interactive lane; the sandbox provider throttles, fails, times out after accepting,
 and rejects a few addresses, like a real provider on a bad afternoon. The summary shows
 what a user should check: interactive latency, the ceiling, duplicates, dead letters.
+
+Interactive latency is reported twice: for messages sent at their first claim, and for
+those that needed another (a 503, a timeout, a throttle), since the two answer different
+questions (is the queue fast? is a retry fast?). Enough interactive messages arrive for a
+p99 of the first kind to mean something; the second kind is a few dozen, so its p99 is
+close to its worst case.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from postlane.worker import Worker, WorkerConfig
 @dataclass(frozen=True, slots=True)
 class DemoPlan:
     bulk: int = 10_000
-    interactive: int = 60
-    interactive_every_s: float = 0.25
+    interactive: int = 1200
+    interactive_every_s: float = 0.02
     rejected_bulk: int = 5
     rejected_interactive: int = 2
     ceiling: float = 400.0
@@ -47,6 +53,34 @@ def default_sandbox(plan: DemoPlan) -> SandboxProvider:
     ))
 
 
+@dataclass(frozen=True, slots=True)
+class Latency:
+    """Enqueue-to-send latency of a set of messages."""
+
+    count: int = 0
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+    max_s: float = 0.0
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> Latency:
+        if not seconds:
+            return cls()
+        ordered = sorted(seconds)
+        return cls(len(ordered), statistics.median(ordered),
+                   ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], ordered[-1])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"count": self.count, "p50_s": round(self.p50_s, 3),
+                "p99_s": round(self.p99_s, 3), "max_s": round(self.max_s, 3)}
+
+    def __str__(self) -> str:
+        if not self.count:
+            return "none"
+        return (f"p50 {self.p50_s:.3f}s, p99 {self.p99_s:.3f}s, max {self.max_s:.3f}s "
+                f"over {self.count}")
+
+
 @dataclass
 class DemoResult:
     sent: int = 0
@@ -58,6 +92,10 @@ class DemoResult:
     interactive_p50_s: float = 0.0
     interactive_p99_s: float = 0.0
     interactive_max_s: float = 0.0
+    first_try: Latency = field(default_factory=Latency)
+    """Interactive messages sent at their first claim."""
+    retried: Latency = field(default_factory=Latency)
+    """Interactive messages sent after another claim (a failure, a throttle, a release)."""
     bulk_drain_s: float = 0.0
     elapsed_s: float = 0.0
     states: dict[str, int] = field(default_factory=dict)
@@ -80,6 +118,8 @@ class DemoResult:
             "interactive_p50_s": round(self.interactive_p50_s, 3),
             "interactive_p99_s": round(self.interactive_p99_s, 3),
             "interactive_max_s": round(self.interactive_max_s, 3),
+            "interactive_first_try": self.first_try.as_json(),
+            "interactive_retried": self.retried.as_json(),
             "bulk_drain_s": round(self.bulk_drain_s, 2), "elapsed_s": round(self.elapsed_s, 2),
             "retries": self.retries, "throttled": self.throttled, "ambiguous": self.ambiguous,
             "states": self.states, "ok": self.ok,
@@ -91,8 +131,10 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
     await store.migrate()
     _log_through(console)
     limiter = open_limiter(None, rate=plan.ceiling * (1 - plan.headroom))
+    # The default lanes bring their own retry backoff and attempt timeout: interactive
+    # retries within half a second, bulk backs off from a second up to minutes.
     worker = Worker(store, provider, limiter=limiter, config=WorkerConfig(
-        attempt_timeout_s=2.0, lease=timedelta(seconds=15), poll_interval_s=0.5,
+        lease=timedelta(seconds=15), poll_interval_s=0.5,
     ))
     started = time.monotonic()
     await _enqueue_bulk(store, plan)
@@ -208,17 +250,17 @@ async def _summarise(store: Store, provider: Provider, plan: DemoPlan, worker: W
         throttled=worker.counters["outcome:throttled"],
         ambiguous=worker.counters["outcome:ambiguous"],
     )
-    latencies = []
+    first_try: list[float] = []
+    retried: list[float] = []
     for delivery_id in interactive_ids:
         delivery = await store.get(delivery_id)
         if delivery is not None and delivery.sent_at is not None:
-            latencies.append((delivery.sent_at - delivery.created_at).total_seconds())
-    if latencies:
-        latencies.sort()
-        result.interactive_p50_s = statistics.median(latencies)
-        result.interactive_p99_s = latencies[min(len(latencies) - 1,
-                                                 int(0.99 * len(latencies)))]
-        result.interactive_max_s = latencies[-1]
+            latency = (delivery.sent_at - delivery.created_at).total_seconds()
+            (first_try if delivery.claims <= 1 else retried).append(latency)
+    every = Latency.of(first_try + retried)
+    result.interactive_p50_s, result.interactive_p99_s = every.p50_s, every.p99_s
+    result.interactive_max_s = every.max_s
+    result.first_try, result.retried = Latency.of(first_try), Latency.of(retried)
     if isinstance(provider, SandboxProvider):
         seen = provider.engine.stats
         result.duplicates_suppressed = seen.duplicates_suppressed
@@ -239,6 +281,8 @@ def print_summary(result: DemoResult, console: Console, db_url: str, *,
                   f"{result.bulk_drain_s:.1f}s")
     console.print(f"interactive enqueue-to-send latency: p50 {result.interactive_p50_s:.3f}s, "
                   f"p99 {result.interactive_p99_s:.3f}s, max {result.interactive_max_s:.3f}s")
+    console.print(f"  sent at the first try: {result.first_try}")
+    console.print(f"  sent after a retry:    {result.retried}")
     if result.ceiling_violations is not None:
         console.print(f"ceiling: at most {result.max_per_second} sends in any second at the "
                       f"provider; seconds over the ceiling: {result.ceiling_violations}")

@@ -7,7 +7,7 @@ again, or resuming it after a crash half-way, creates nothing twice: the keys ex
 
 Rows are streamed (the ``csv`` module over the file), rendered against one template version
 (the current one when the run starts), validated, and written in batches through
-``Store.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
+``TemplateStore.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
 written in each batch's transaction. A bad row is skipped and reported with its line
 number; with ``strict`` the whole file is validated first and nothing is written if any
 row is bad. A row whose key another producer holds already (``KeyConflict``: the
@@ -39,7 +39,6 @@ from postlane.core.producers import import_producer
 from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage, KeyConflict, PostlaneError
-from postlane.store.base import Store
 from postlane.store.roles import FleetStore, ImportStore, TemplateStore
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
@@ -448,11 +447,11 @@ def failure_reason(value: Any) -> str:
     return str(value.get("reason", "failed")) if isinstance(value, dict) else "failed"
 
 
-async def pause(store: Store, import_id: str, *, by: str = "operator") -> None:
+async def pause(store: FleetStore, import_id: str, *, by: str = "operator") -> None:
     """Every worker stops claiming this import's deliveries within a second; nothing is
     deleted, and deliveries already claimed finish."""
     await pause_import(store, import_id, by=by)
 
 
-async def resume(store: Store, import_id: str) -> None:
+async def resume(store: FleetStore, import_id: str) -> None:
     await resume_import(store, import_id)

@@ -248,15 +248,29 @@ def test_lane_shares_not_adding_up(migrated_pg: str, redis_url: str, tmp_path: P
 
 def test_retry_budget_outliving_the_expiry(migrated_pg: str, redis_url: str,
                                           tmp_path: Path) -> None:
-    # Interactive: 6 attempts, about 31 s of backoff; a 20 s token cannot hold that.
+    # Interactive: 6 attempts from a 250 ms base, about 8 s of backoff; a 10 s token cannot
+    # hold that.
     code, report = run_check(migrated_pg, *healthy_args(tmp_path, redis_url),
-                             "--lane-expiry", "interactive=20s")
+                             "--lane-expiry", "interactive=10s")
     assert code == 1
     [budget] = failures(report)
     assert budget["check"] == "retry budget"
-    assert budget["message"].startswith("lane interactive: 6 attempts wait about 31 s")
+    assert budget["message"].startswith("lane interactive: 6 attempts wait about 8 s")
+    assert "more than two-thirds of its 10 s expiry (7 s)" in budget["message"]
+    assert "lengthen its expiry to at least 12 s" in budget["hint"]
+
+    # The lane's backoff as the worker gets it: from a 1 s base (capped at the lane's 30 s),
+    # about 30 s; a 20 s token cannot hold that either, while the default base fits it.
+    code, report = run_check(migrated_pg, *healthy_args(tmp_path, redis_url),
+                             "--lane-expiry", "interactive=20s", "--retry-base", "interactive=1s")
+    assert code == 1
+    [budget] = failures(report)
+    assert budget["message"].startswith("lane interactive: 6 attempts wait about 30 s")
     assert "more than two-thirds of its 20 s expiry (13 s)" in budget["message"]
-    assert "lengthen its expiry to at least 46 s" in budget["hint"]
+    assert "lengthen its expiry to at least 45 s" in budget["hint"]
+    code, report = run_check(migrated_pg, *healthy_args(tmp_path, redis_url),
+                             "--lane-expiry", "interactive=20s")
+    assert code == 0, failures(report)
 
     code, report = run_check(migrated_pg, *healthy_args(tmp_path, redis_url),
                              "--lane-expiry", "interactive=1m,bulk=3m10s")

@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from postlane.cli.durations import duration, positive_duration
+from postlane.cli.durations import duration, lane_durations, positive_duration
 from postlane.cli.main import app
 from postlane.core.durations import parse_duration
 
@@ -74,7 +74,7 @@ def _duration_options() -> list[tuple[list[str], Any, Any]]:
     return [(path, command, param) for path, command in _commands()
             for param in command.params
             if _is_option(param) and param.type_descriptor.parameter_info.parser
-            in (duration, positive_duration)]
+            in (duration, positive_duration, lane_durations)]
 
 
 def _required(command: Any, skip: Any) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 from itertools import pairwise
 
@@ -15,8 +16,10 @@ from postlane.core.lanes import (
     LaneConfig,
     check_lanes,
     may_start,
+    parse_lane_durations,
     parse_lane_shares,
     slot_floors,
+    with_lane_timings,
 )
 from postlane.errors import ConfigurationError
 
@@ -228,3 +231,57 @@ def test_check_lanes_refuses_bad_configurations() -> None:
     with pytest.raises(ConfigurationError, match="max_attempts"):
         check_lanes([LaneConfig("interactive", 1.0, max_attempts=0)])
     check_lanes([LaneConfig("interactive", 1.0)])
+
+
+# -- each lane's patience ----------------------------------------------------------------
+def test_the_default_lanes_differ_in_patience() -> None:
+    interactive, bulk = DEFAULT_LANES
+    # Someone waits for a reset: the first retry within half a second, a silent provider
+    # given a few seconds. A digest can wait out a provider's bad minute.
+    assert interactive.retry_base_s is not None and 2 * interactive.retry_base_s <= 0.5
+    assert interactive.attempt_timeout_s is not None and interactive.attempt_timeout_s <= 5
+    assert bulk.retry_base_s is not None and bulk.retry_base_s >= 1
+    assert bulk.retry_cap_s is not None and bulk.retry_cap_s >= 60
+    assert bulk.attempt_timeout_s is not None and bulk.attempt_timeout_s >= 10
+
+
+def test_parse_lane_shares_keeps_the_lanes_patience() -> None:
+    interactive, bulk = parse_lane_shares("interactive=60,bulk=40")
+    assert (interactive.retry_base_s, interactive.retry_cap_s, interactive.attempt_timeout_s) \
+        == (DEFAULT_LANES[0].retry_base_s, DEFAULT_LANES[0].retry_cap_s,
+            DEFAULT_LANES[0].attempt_timeout_s)
+    assert bulk.attempt_timeout_s == DEFAULT_LANES[1].attempt_timeout_s
+
+
+def test_lane_timings_per_lane_or_for_every_lane() -> None:
+    lanes = with_lane_timings(DEFAULT_LANES, attempt_timeout="interactive=2s,bulk=30s",
+                              retry_base="interactive=100ms", retry_cap="10m")
+    interactive, bulk = lanes
+    assert (interactive.attempt_timeout_s, bulk.attempt_timeout_s) == (2.0, 30.0)
+    assert interactive.retry_base_s == pytest.approx(0.1)
+    assert bulk.retry_base_s == DEFAULT_LANES[1].retry_base_s  # not named: kept
+    assert interactive.retry_cap_s == bulk.retry_cap_s == 600.0
+    assert with_lane_timings(DEFAULT_LANES) == DEFAULT_LANES
+    assert parse_lane_durations("3s", DEFAULT_LANES, "--x") == {"interactive": 3.0,
+                                                                 "bulk": 3.0}
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"attempt_timeout": "digest=3s"}, "does not name a configured lane"),
+    ({"attempt_timeout": "interactive:3s"}, "not a duration"),
+    ({"attempt_timeout": "interactive=soon"}, "not a duration"),
+    ({"retry_base": "interactive=0s"}, "must be positive"),
+    ({"retry_base": "bulk=10m"}, "retry cap 300s is below its retry base 600s"),
+    ({"retry_cap": "interactive=100ms"}, "below its retry base"),
+])
+def test_bad_lane_timings_are_refused(kwargs: dict[str, str], match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        with_lane_timings(DEFAULT_LANES, **kwargs)
+
+
+@pytest.mark.parametrize("field", ["retry_base_s", "retry_cap_s", "attempt_timeout_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_check_lanes_refuses_unusable_timings(field: str, value: float) -> None:
+    lane = replace(LaneConfig("only", 1.0), **{field: value})
+    with pytest.raises(ConfigurationError, match=field):
+        check_lanes([lane])

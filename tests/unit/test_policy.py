@@ -6,6 +6,7 @@ No I/O: the clock (``now``) and the random source (``rand``) are arguments.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from postlane.core.lanes import LaneConfig
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import (
@@ -24,6 +25,7 @@ from postlane.core.policy import (
     decide,
     expire_if_useless,
     handler_error,
+    lane_policy,
     parse_retry_after,
 )
 from postlane.core.states import DeadReason, State
@@ -397,3 +399,54 @@ def test_an_absurd_retry_after_on_an_expiring_message_expires_instead_of_overflo
     decision = decide(d, Outcome.throttled(seconds, "429"), HOLD, NOW)
     check(decision, State.EXPIRED, "expired", spend=False, delay=None,
           reason=DeadReason.EXPIRED)
+
+
+# -- each lane's own backoff -------------------------------------------------------------
+INTERACTIVE, BULK = DEFAULT_LANES
+LONG_INTERACTIVE = replace(INTERACTIVE, max_attempts=20)
+LONG_BULK = replace(BULK, max_attempts=20)
+
+
+@pytest.mark.parametrize(("lane", "attempts", "ceiling"), [
+    # The default interactive lane: base 0.25 s, so the first retry comes within 0.5 s.
+    (INTERACTIVE, 0, 0.5),
+    (INTERACTIVE, 1, 1.0),
+    (INTERACTIVE, 4, 8.0),
+    (LONG_INTERACTIVE, 10, 30.0),  # capped at 30 s: someone is waiting
+    # The default bulk lane: base 1 s, capped at five minutes.
+    (BULK, 0, 2.0),
+    (BULK, 3, 16.0),
+    (LONG_BULK, 12, 300.0),
+    # A lane that sets nothing backs off with the worker's policy (base 1 s here).
+    (HOLD, 0, 2.0),
+    (replace(HOLD, retry_base_s=0.1), 2, 0.8),  # its own base, the worker's cap
+    (replace(LONG_INTERACTIVE, retry_cap_s=2.0), 5, 2.0),
+])
+def test_a_503_backs_off_with_the_lanes_own_base_and_cap(
+    lane: LaneConfig, attempts: int, ceiling: float
+) -> None:
+    d = decide(delivery(attempts=attempts, lane=lane.name), Outcome.transient("503"), lane,
+               NOW, policy=POLICY, rand=fixed(0.5))
+    check(d, State.PENDING, "retry_scheduled", spend=True, delay=0.5 * ceiling, reason=None)
+
+
+@pytest.mark.parametrize(("lane", "delay"), [(INTERACTIVE, 0.25), (BULK, 1.0)])
+def test_an_ambiguous_retry_backs_off_with_the_lanes_own_base(lane: LaneConfig,
+                                                               delay: float) -> None:
+    d = decide(delivery(lane=lane.name), Outcome.ambiguous("read timeout"), lane, NOW,
+               traits=DEDUPE, policy=POLICY, rand=fixed(0.5))
+    check(d, State.PENDING, "ambiguous_retry", spend=True, delay=delay, reason=None)
+
+
+def test_a_429_without_retry_after_keeps_the_throttle_default_in_every_lane() -> None:
+    """A throttle is the account's pace, not the message's: the lane's base does not apply."""
+    for lane in DEFAULT_LANES:
+        d = decide(delivery(lane=lane.name), Outcome.throttled(None), lane, NOW,
+                   policy=POLICY, rand=fixed(0.5))
+        check(d, State.PENDING, "throttled", spend=False, delay=1.0, reason=None)
+
+
+def test_lane_policy_keeps_what_the_lane_does_not_set() -> None:
+    assert lane_policy(HOLD, POLICY) is POLICY
+    assert lane_policy(INTERACTIVE, POLICY) == RetryPolicy(0.25, 30.0, POLICY.throttle_default_s)
+    assert lane_policy(replace(HOLD, retry_cap_s=9.0), POLICY) == RetryPolicy(1.0, 9.0, 1.0)

@@ -16,7 +16,7 @@ from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summar
 
 _WORKER_TABLE = "worker"
 _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
-                "headroom": float, "concurrency": int}
+                "headroom": float, "concurrency": int, "retry_base": str, "retry_cap": str}
 
 
 def check(
@@ -43,6 +43,14 @@ def check(
         envvar="POSTLANE_LANE_EXPIRY", show_envvar=True,
         help="How long each lane's messages stay useful, e.g. interactive=15m,bulk=24h "
              "[default: interactive 15m, bulk 24h].")] = None,
+    retry_base: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_BASE", show_envvar=True,
+        help="Backoff base per lane, as given to the worker "
+             "[default: interactive 250ms, bulk 1s].")] = None,
+    retry_cap: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_CAP", show_envvar=True,
+        help="Longest backoff per lane, as given to the worker "
+             "[default: interactive 30s, bulk 5m].")] = None,
     skip: Annotated[list[str] | None, typer.Option(
         help="Leave out a group of checks (repeatable): database, limiter, provider, rate, "
              "lanes. An API host (postlane serve) needs only the database.")] = None,
@@ -51,7 +59,8 @@ def check(
     """Verify a deployment before it takes traffic: database and migrations, limiter,
     provider, lanes, retry budgets, rate. Exit 1 if anything is wrong."""
     values: dict[str, Any] = {"provider": provider, "rate": rate, "limiter": limiter,
-                              "lanes": lanes, "headroom": headroom, "concurrency": concurrency}
+                              "lanes": lanes, "headroom": headroom, "concurrency": concurrency,
+                              "retry_base": retry_base, "retry_cap": retry_cap}
     values.update(_worker_defaults(ctx, values))
     unknown = {name.strip() for item in skip or () for name in item.split(",")} - set(SKIPPABLE)
     if unknown:
@@ -60,6 +69,7 @@ def check(
     settings = CheckSettings(
         db=ctx.obj.db, provider=values["provider"], rate=values["rate"],
         limiter=values["limiter"], lanes=values["lanes"], lane_expiry=lane_expiry,
+        retry_base=values["retry_base"], retry_cap=values["retry_cap"],
         headroom=values["headroom"], concurrency=values["concurrency"],
         skip=frozenset(name.strip() for item in skip or () for name in item.split(",")),
     )

@@ -26,7 +26,7 @@ def demo(
         help="Provider URL instead of the built-in faulty sandbox (e.g. smtp://127.0.0.1:25).")
     ] = None,
     bulk: Annotated[int, typer.Option(help="Messages in the digest burst.")] = 10_000,
-    interactive: Annotated[int, typer.Option(help="Resets and codes sent during it.")] = 60,
+    interactive: Annotated[int, typer.Option(help="Resets and codes sent during it.")] = 1200,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the summary as one JSON object on the last line.")] = False,
 ) -> None:

@@ -37,6 +37,22 @@ def positive_duration(value: object) -> timedelta:
     return parsed
 
 
+def lane_durations(value: object) -> str:
+    """The ``parser=`` of a per-lane duration option: ``interactive=3s,bulk=20s``, or one
+    duration for every lane. Each duration is checked here (exit 2 with the reason); the
+    lane names are checked against the configured lanes when the worker applies them."""
+    text = str(value).strip()
+    for part in text.split(",") if "=" in text else [text]:
+        positive_duration(part.partition("=")[2] if "=" in part else part)
+    return text
+
+
+def lane_durations_option(**options: Any) -> Any:
+    """``typer.Option`` for a duration per lane (``lane_durations``)."""
+    options.setdefault("metavar", "LANE=DURATION,...")
+    return typer.Option(parser=lane_durations, **options)
+
+
 def duration_option(*, positive: bool = False, **options: Any) -> Any:
     """``typer.Option`` for a duration (``90s``, ``15m``, ``2h``, ``1d``; a bare number is
     seconds); ``options`` are ``typer.Option``'s own (help, envvar, ...)."""
@@ -44,4 +60,5 @@ def duration_option(*, positive: bool = False, **options: Any) -> Any:
     return typer.Option(parser=positive_duration if positive else duration, **options)
 
 
-__all__ = ["duration", "duration_option", "positive_duration"]
+__all__ = ["duration", "duration_option", "lane_durations", "lane_durations_option",
+           "positive_duration"]

@@ -11,8 +11,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from postlane.cli.durations import duration_option
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares
+from postlane.cli.durations import duration_option, lane_durations_option
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
 from postlane.core.rates import parse_rate
 from postlane.errors import ConfigurationError
 from postlane.limiter import open_limiter
@@ -61,11 +61,21 @@ def worker(
     lease: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_LEASE", show_envvar=True,
         help="Lease per claim, renewed while sending.")] = "30s",  # type: ignore[assignment]
-    attempt_timeout: Annotated[timedelta, duration_option(
-        positive=True, envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
-        help="Hard bound on one send; cut off there, it is transient if the request had "
-             "not yet left (see docs/providers.md, phases), else ambiguous.")
-    ] = "10s",  # type: ignore[assignment]
+    attempt_timeout: Annotated[str | None, lane_durations_option(
+        envvar="POSTLANE_ATTEMPT_TIMEOUT", show_envvar=True,
+        help="Hard bound on one send, per lane (interactive=3s,bulk=10s) or one duration for "
+             "every lane; cut off there, it is transient if the request had not yet left "
+             "(see docs/providers.md, phases), else ambiguous "
+             "[default: interactive 3s, bulk 10s].")] = None,
+    retry_base: Annotated[str | None, lane_durations_option(
+        envvar="POSTLANE_RETRY_BASE", show_envvar=True,
+        help="Backoff base per lane, e.g. interactive=250ms,bulk=1s: the first retry comes "
+             "within twice the base, each further one waits up to twice as long "
+             "[default: interactive 250ms, bulk 1s].")] = None,
+    retry_cap: Annotated[str | None, lane_durations_option(
+        envvar="POSTLANE_RETRY_CAP", show_envvar=True,
+        help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
+             "[default: interactive 30s, bulk 5m].")] = None,
     grace: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_GRACE", show_envvar=True,
         help="On SIGTERM, how long in-flight sends may finish.")
@@ -90,9 +100,10 @@ def worker(
     try:
         configure_logging(log_level, ctx.obj.log_format)
         config = WorkerConfig(
-            concurrency=concurrency, lanes=_lanes(lanes), batch_size=batch_size,
-            lease=lease, attempt_timeout_s=attempt_timeout.total_seconds(),
-            grace_s=grace.total_seconds(), drain=drain,
+            concurrency=concurrency, batch_size=batch_size,
+            lanes=with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
+                                    retry_base=retry_base, retry_cap=retry_cap),
+            lease=lease, grace_s=grace.total_seconds(), drain=drain,
         )
         ceiling = parse_rate(rate) if rate else None
         provider_obj = open_provider(provider)

@@ -4,15 +4,22 @@ A lane owns a floor of ``share * concurrency`` slots. A lane with work may borro
 slots of another only while that lane has no ready work; the moment the owner's work
 arrives, no new borrowed send starts, so a bulk burst cannot hold the slots a password
 reset needs, and a trickle of urgent mail cannot starve the bulk lane below its floor.
+
+A lane also carries its own patience: how soon a failed send is retried and how long one
+attempt may wait for the provider. Someone is waiting for a password reset, so its lane
+retries within half a second and gives up on a silent provider after a few seconds; a
+digest can wait out a provider's bad minute.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
 
+from postlane.core.durations import parse_duration
 from postlane.errors import ConfigurationError
 
 AmbiguityPolicy = Literal["hold", "resend"]
@@ -29,11 +36,21 @@ class LaneConfig:
     on_ambiguous: AmbiguityPolicy = "hold"
     """When the provider may have accepted and can neither deduplicate nor be asked:
     ``hold`` parks the delivery for an operator; ``resend`` accepts a possible duplicate."""
+    retry_base_s: float | None = None
+    """Backoff base: the retry after attempt ``k`` waits up to ``base * 2**k`` (full jitter),
+    so the first retry comes within ``2 * base``. None: the worker's ``RetryPolicy``."""
+    retry_cap_s: float | None = None
+    """Longest backoff between two attempts. None: the worker's ``RetryPolicy``."""
+    attempt_timeout_s: float | None = None
+    """Longest wait for the provider's answer to one attempt; past it the attempt is
+    ambiguous. None: the worker's ``attempt_timeout_s``."""
 
 
 DEFAULT_LANES: tuple[LaneConfig, ...] = (
-    LaneConfig("interactive", 0.7, max_attempts=6, default_expiry=timedelta(minutes=15)),
-    LaneConfig("bulk", 0.3, max_attempts=8, default_expiry=timedelta(hours=24)),
+    LaneConfig("interactive", 0.7, max_attempts=6, default_expiry=timedelta(minutes=15),
+               retry_base_s=0.25, retry_cap_s=30.0, attempt_timeout_s=3.0),
+    LaneConfig("bulk", 0.3, max_attempts=8, default_expiry=timedelta(hours=24),
+               retry_base_s=1.0, retry_cap_s=300.0, attempt_timeout_s=10.0),
 )
 
 
@@ -52,10 +69,60 @@ def parse_lane_shares(text: str, base: Sequence[LaneConfig] = DEFAULT_LANES) -> 
         if not 0 < value <= 100:
             raise ConfigurationError(f"lane share {part!r} must be in (0, 100]")
         template = by_name.get(name, LaneConfig(name, 0.0))
-        lanes.append(LaneConfig(name, value / 100, template.max_attempts,
-                                template.default_expiry, template.on_ambiguous))
+        lanes.append(replace(template, name=name, share=value / 100))
     check_lanes(lanes)
     return lanes
+
+
+def parse_lane_durations(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str, float]:
+    """``interactive=3s,bulk=20s`` -> seconds per lane; one bare duration (``10s``) sets every
+    lane. ``what`` names the option in errors."""
+    names = [lane.name for lane in lanes]
+    if "=" not in text:
+        return dict.fromkeys(names, _positive_seconds(text, what))
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name = name.strip()
+        if not sep or name not in names:
+            raise ConfigurationError(f"{what} {part.strip()!r} does not name a configured lane "
+                                     f"({', '.join(names)}); write it as "
+                                     f"{names[0]}=3s or as one duration for every lane")
+        values[name] = _positive_seconds(value, f"{what} {part.strip()!r}")
+    return values
+
+
+def with_lane_timings(
+    lanes: Sequence[LaneConfig], *, attempt_timeout: str | None = None,
+    retry_base: str | None = None, retry_cap: str | None = None,
+) -> tuple[LaneConfig, ...]:
+    """The lanes with per-lane durations given as text (``interactive=3s,bulk=10s``, or one
+    duration for every lane) applied, as the command line and configuration file give them."""
+    def given(text: str | None, what: str) -> dict[str, float]:
+        return parse_lane_durations(text, lanes, what) if text else {}
+
+    timeouts = given(attempt_timeout, "--attempt-timeout")
+    bases = given(retry_base, "--retry-base")
+    caps = given(retry_cap, "--retry-cap")
+    result = tuple(replace(
+        lane,
+        attempt_timeout_s=timeouts.get(lane.name, lane.attempt_timeout_s),
+        retry_base_s=bases.get(lane.name, lane.retry_base_s),
+        retry_cap_s=caps.get(lane.name, lane.retry_cap_s),
+    ) for lane in lanes)
+    for lane in result:
+        check_lane_timings(lane)
+    return result
+
+
+def _positive_seconds(text: str, what: str) -> float:
+    try:
+        seconds = parse_duration(text).total_seconds()
+    except ValueError as exc:
+        raise ConfigurationError(f"{what}: {exc}") from None
+    if seconds <= 0:
+        raise ConfigurationError(f"{what}: must be positive")
+    return seconds
 
 
 def check_lanes(lanes: Sequence[LaneConfig]) -> None:
@@ -72,6 +139,20 @@ def check_lanes(lanes: Sequence[LaneConfig]) -> None:
     for lane in lanes:
         if lane.max_attempts < 1:
             raise ConfigurationError(f"lane {lane.name}: max_attempts must be at least 1")
+        check_lane_timings(lane)
+
+
+def check_lane_timings(lane: LaneConfig) -> None:
+    """The lane's own retry base, cap and attempt timeout, where set, are usable."""
+    for what in ("retry_base_s", "retry_cap_s", "attempt_timeout_s"):
+        value = getattr(lane, what)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigurationError(f"lane {lane.name}: {what} must be a positive number "
+                                     f"of seconds, got {value!r}")
+    if (lane.retry_base_s is not None and lane.retry_cap_s is not None
+            and lane.retry_cap_s < lane.retry_base_s):
+        raise ConfigurationError(f"lane {lane.name}: retry cap {lane.retry_cap_s:g}s is "
+                                 f"below its retry base {lane.retry_base_s:g}s")
 
 
 def slot_floors(lanes: Sequence[LaneConfig], concurrency: int) -> dict[str, int]:

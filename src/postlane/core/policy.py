@@ -22,10 +22,25 @@ from postlane.core.states import DeadReason, State
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
+    """The worker-wide backoff; a lane that sets its own base or cap overrides it
+    (``lane_policy``)."""
+
     base_s: float = 1.0
     cap_s: float = 300.0
     throttle_default_s: float = 1.0
     """Delay after a 429 that named no Retry-After (jittered like any backoff)."""
+
+
+def lane_policy(lane: LaneConfig, policy: RetryPolicy) -> RetryPolicy:
+    """The backoff ``lane`` retries with: its own base and cap where it sets them, so a reset
+    is retried within a second while a digest backs off for minutes."""
+    if lane.retry_base_s is None and lane.retry_cap_s is None:
+        return policy
+    return RetryPolicy(
+        base_s=policy.base_s if lane.retry_base_s is None else lane.retry_base_s,
+        cap_s=policy.cap_s if lane.retry_cap_s is None else lane.retry_cap_s,
+        throttle_default_s=policy.throttle_default_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,9 @@ def decide(
     rand: Callable[[], float] = random.random,
 ) -> Decision:
     """The next state of ``delivery`` after ``outcome``. ``delivery.attempts`` counts
-    attempts *before* this one."""
+    attempts *before* this one. ``policy`` is the worker-wide backoff; the lane's own base
+    and cap win over it."""
+    policy = lane_policy(lane, policy)
     detail: dict[str, Any] = {"outcome": str(outcome.kind), "attempt": delivery.attempts + 1}
     if outcome.response is not None:
         detail["response"] = outcome.response[:500]

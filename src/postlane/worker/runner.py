@@ -1,32 +1,39 @@
 """The dispatch worker: claims deliveries per lane, sends them within the global limit,
 and reports every outcome back to the store, guarded by its lease.
 
-One ``Worker`` runs these asyncio tasks:
+One ``Worker`` runs these loops in one task group, each supervised the same way
+(``worker.supervisor``: a failing turn is logged, counted and retried with a growing wait):
 
-- a *lane loop* per lane: claims batches while the lane has slots (its floor, or idle
-  slots lent by another lane), then dispatches them;
-- the *waker*: waits on the store's enqueue signal (LISTEN/NOTIFY on PostgreSQL) and
-  wakes idle lanes;
-- the *acker*: writes outcomes in batches, one statement per flush;
-- the *lease keeper*: renews the leases of everything held, so slow sends keep their claim;
-- the *caretaker*: rescues expired leases, reconciles ambiguous deliveries, reads the
-  fleet's controls (pauses, breaker), and in ``drain`` mode notices when all is done.
+- a *lane loop* per lane (here): claims batches while the lane has slots (its floor, or
+  idle slots lent by another lane), then dispatches them, each send paced by the
+  ``Pacer`` (``worker.pacer``);
+- the *waker* (here): waits on the store's enqueue signal (LISTEN/NOTIFY on PostgreSQL)
+  and wakes idle lanes;
+- the *acker* (``worker.acker``): writes outcomes in batches, one statement per flush;
+- the *lease keeper* (here): renews the leases of everything held, so slow sends keep
+  their claim;
+- the *caretaker* (``worker.caretaker``): reads the fleet's controls (pauses, breaker),
+  rescues expired leases, reconciles ambiguous deliveries (``worker.reconciler``), and in
+  ``drain`` mode notices when all is done.
+
+Every wait goes through one injected ``Clock`` (``worker.clock``), so timing rules are
+tested without real time passing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
 import random
 import socket
-import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -39,7 +46,6 @@ from postlane.core.policy import (
     ProviderTraits,
     RetryPolicy,
     decide,
-    effective_expiry,
     expire_if_useless,
     handler_error,
 )
@@ -48,11 +54,17 @@ from postlane.core.states import DeadReason, State
 from postlane.core.validation import redact_address
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
-from postlane.store.base import Store
+from postlane.store.roles import WorkerStore
+from postlane.worker.acker import Acker
 from postlane.worker.attempt import Attempt
 from postlane.worker.breaker import FleetBreaker
+from postlane.worker.caretaker import Caretaker
+from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
+from postlane.worker.reconciler import Reconciler
+from postlane.worker.supervisor import supervise
 
 log = logging.getLogger("postlane.worker")
 
@@ -64,12 +76,17 @@ class WorkerConfig:
     batch_size: int = 100
     lease: timedelta = timedelta(seconds=30)
     attempt_timeout_s: float = 10.0
+    """For lanes that set no ``attempt_timeout_s`` of their own (the default lanes do)."""
     poll_interval_s: float = 1.0
     grace_s: float = 10.0
     rescue_interval_s: float = 2.0
     controls_interval_s: float = 0.5
     ack_interval_s: float = 0.005
-    limiter_horizon_s: float = 0.25
+    limiter_horizon_s: float = 0.1
+    """How far ahead a lane books send slots at the limiter. Every lane shares one ceiling, so
+    a message of another lane queues behind what is booked: a reset waits up to this long
+    behind a digest burst's slots. A tenth of a second is still a hundred limiter round trips
+    ahead of the send."""
     late_slot_s: float = 0.015
     """A send slot possibly missed by more than this (the event loop stalled, or the limiter's
     answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
@@ -77,6 +94,7 @@ class WorkerConfig:
     can overfill a one-second window at the provider."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
@@ -105,13 +123,14 @@ def make_owner() -> str:
 class Worker:
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         provider: Provider,
         *,
         limiter: RateLimiter | None = None,
         config: WorkerConfig = WorkerConfig(),
         rand: Callable[[], float] = random.random,
         owner: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         check_lanes(config.lanes)
         self.store = store
@@ -119,6 +138,7 @@ class Worker:
         self.limiter = limiter
         self.config = config
         self.rand = rand
+        self.clock = clock
         self.owner = owner or make_owner()
         self.lanes = {lane.name: lane for lane in config.lanes}
         self.floors = slot_floors(config.lanes, held_slots(config, limiter))
@@ -131,23 +151,29 @@ class Worker:
         self.observers: list[Observer] = []
         """Called with every decided outcome (metrics hang off this); must not block."""
 
+        self._held: dict[int, Claim] = {}
+        """Every claim this worker holds a lease for, until its outcome is written."""
+        self.acker = Acker(store, self.owner, self._held, self.counters,
+                           batch_size=config.batch_size, interval_s=config.ack_interval_s,
+                           clock=clock)
+        self.pacer = Pacer(limiter, self.lanes, self.counters, horizon_s=config.limiter_horizon_s,
+                           late_slot_s=config.late_slot_s, clock=clock)
+        self.reconciler = Reconciler(store, provider, self.traits, self.lanes, self._wake_lanes)
+        self.caretaker = Caretaker(
+            store, controls=self.controls, breaker=self.breaker, account=provider.account,
+            reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
+            interval_s=config.controls_interval_s,
+            drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
+        )
+
+        # Slot accounting of the lanes (core.lanes.may_start reads these).
         self._in_flight: Counter[str] = Counter()
         self._wanting: dict[str, bool] = {name: True for name in self.lanes}
-        self._held: dict[int, Claim] = {}
-        self._acks: list[Transition] = []
-        self._ack_lock = asyncio.Lock()
-        self._ack_wakeup = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._lane_wakeup = {name: asyncio.Event() for name in self.lanes}
-        # One limiter poller per lane: without it every waiting batch polls the limiter at
-        # each freed slot (a thundering herd of round trips per send).
-        self._reserve_locks = {name: asyncio.Lock() for name in self.lanes}
-        self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._shutting_down = False
-        self._done = asyncio.Event()
-        self._last_rescue = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -159,49 +185,46 @@ class Worker:
         await self.controls.refresh()
         log.info("worker %s started: lanes %s, concurrency %d, provider %s", self.owner,
                  self.floors, self.config.concurrency, self.provider.name)
-        background = [
-            asyncio.create_task(self._waker(), name="waker"),
-            asyncio.create_task(self._acker(), name="acker"),
-            asyncio.create_task(self._lease_keeper(), name="lease-keeper"),
-            asyncio.create_task(self._caretaker(), name="caretaker"),
-        ]
-        lanes = [asyncio.create_task(self._lane_loop(name), name=f"lane-{name}")
-                 for name in self.lanes]
         try:
-            stop = asyncio.create_task(self._stopping.wait())
-            done = asyncio.create_task(self._done.wait())
-            failed = asyncio.create_task(_first_failure(background + lanes))
-            await asyncio.wait({stop, done, failed}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (stop, done, failed):
-                task.cancel()
-            if failed.done() and not failed.cancelled() and failed.exception():
-                raise failed.exception()  # type: ignore[misc]
+            async with asyncio.TaskGroup() as group:
+                background = [
+                    group.create_task(self._loop("wake-up", self._wake_step), name="waker"),
+                    group.create_task(self._loop("ack", self.acker.step), name="acker"),
+                    group.create_task(self._loop("lease renewal", self._renew_step),
+                                      name="lease-keeper"),
+                    group.create_task(self._care(), name="caretaker"),
+                ]
+                lanes = [group.create_task(self._loop(f"lane {name}",
+                                                      functools.partial(self._claim_step, name)),
+                                           name=f"lane-{name}")
+                         for name in self.lanes]
+                await self._stopping.wait()
+                # In order: no new claims, then in-flight sends finish (or are cancelled after
+                # the grace period), then the background loops end between two ack flushes.
+                for task in lanes:
+                    task.cancel()
+                await asyncio.gather(*lanes, return_exceptions=True)
+                await self._finish_in_flight()
+                self.acker.wake()
+                async with self.acker.lock:
+                    for task in background:
+                        task.cancel()
+        except BaseExceptionGroup as failed:  # a loop died of something it could not catch
+            raise failed.exceptions[0] from None
         finally:
             self._stopping.set()
-            for task in lanes:
-                task.cancel()
-            await asyncio.gather(*lanes, return_exceptions=True)
             await self._finish_in_flight()
-            self._ack_wakeup.set()
-            async with self._ack_lock:  # never cancel the acker in the middle of a flush
-                for task in background:
-                    task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            self._release_unreported()
-            await self._flush_acks()
+            self.acker.release_unreported()
+            await self.acker.flush()
             await self.provider.close()
             log.info("worker %s stopped: %s", self.owner, dict(self.counters))
 
-    def _release_unreported(self) -> None:
-        """At the very end of a stop: deliveries still held that no outcome was reported for
-        were claimed but never sent (a claim or a slot wait cut short by the stop). Give them
-        back unspent rather than leave them leased until the lease expires."""
-        reported = {t.id for t in self._acks}
-        for claim in list(self._held.values()):
-            if claim.id not in reported:
-                self._acks.append(Transition(
-                    claim.id, claim.claims, State.PENDING, "released", delay_s=0.0,
-                    spend_attempt=False, detail={"why": "released at shutdown"}))
+    async def _loop(self, where: str, step: Callable[[], Awaitable[bool]]) -> None:
+        await supervise(where, step, clock=self.clock, counters=self.counters)
+
+    async def _care(self) -> None:
+        await self._loop("caretaker", self.caretaker.step)
+        self.stop()  # the caretaker's loop ends only when a drain is complete
 
     async def _finish_in_flight(self) -> None:
         if self._send_tasks:
@@ -212,6 +235,33 @@ class Worker:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _drained(self) -> bool:
+        if self._send_tasks or self._held or self.acker.pending:
+            return False
+        states = (await self.store.stats()).states
+        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
+
+    def _wake_lanes(self) -> None:
+        for event in self._lane_wakeup.values():
+            event.set()
+
+    async def _wake_step(self) -> bool:
+        try:
+            await self.store.wait_for_work(self.config.poll_interval_s)
+        finally:  # a failed wait wakes the lanes too: they poll rather than sleep through
+            self._wake_lanes()
+        return False
+
+    async def _renew_step(self) -> bool:
+        """Renew every lease held. A claim not renewed is not counted as lost here: most are
+        outcomes the acker wrote meanwhile (a race, not a loss), and a real loss is counted
+        once, when the acker finds its outcome's guard no longer holds."""
+        await self.clock.sleep(self.config.lease.total_seconds() / 3)
+        held = list(self._held.values())
+        if held:
+            await self.store.renew_leases(self.owner, held, self.config.lease)
+        return False
 
     # -- claiming --------------------------------------------------------------------------
     def _capacity(self, lane: str) -> int:
@@ -224,23 +274,9 @@ class Worker:
             count += 1
         return count
 
-    async def _lane_loop(self, lane: str) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                await self._claim_once(lane)
-                failures = 0
-            except Exception as exc:  # the database or the limiter is unreachable: back off
-                failures += 1
-                await self._backoff(f"lane {lane}", exc, failures)
-
-    async def _backoff(self, where: str, exc: Exception, failures: int) -> None:
-        """A background loop hit an error it cannot handle (database down, Redis down):
-        log it, count it, wait a little longer each time, and carry on."""
-        self.counters["errors"] += 1
-        delay = min(5.0, 0.1 * 2 ** min(failures, 6))
-        log.error("%s: %s: %s; retrying in %.1fs", where, type(exc).__name__, exc, delay)
-        await asyncio.sleep(delay)
+    async def _claim_step(self, lane: str) -> bool:
+        await self._claim_once(lane)
+        return self._stopping.is_set()
 
     async def _claim_once(self, lane: str) -> None:
         """One turn of a lane loop: claim what the lane may send now, and dispatch it."""
@@ -250,13 +286,13 @@ class Worker:
         allowed, probe = await self._may_claim(lane)
         if not allowed:
             wakeup.clear()
-            await _wait(wakeup, self.config.controls_interval_s)
+            await self.clock.wait(wakeup, self.config.controls_interval_s)
             return
         capacity = (max(1, min(self.config.breaker.probes, self._capacity(lane))) if probe
                     else self._capacity(lane))
         if capacity <= 0:
             self._slot_freed.clear()
-            await _wait(self._slot_freed, self.config.poll_interval_s)
+            await self.clock.wait(self._slot_freed, self.config.poll_interval_s)
             return
         wakeup.clear()
         claiming = asyncio.ensure_future(self.store.claim_batch(
@@ -276,7 +312,7 @@ class Worker:
             self.breaker.probe_claimed(batch)
         self._wanting[lane] = len(batch) >= capacity
         if not batch:
-            await _wait(wakeup, self.config.poll_interval_s)
+            await self.clock.wait(wakeup, self.config.poll_interval_s)
             return
         self.counters["claimed"] += len(batch)
         self._in_flight[lane] += len(batch)
@@ -331,98 +367,62 @@ class Worker:
                 ), release=True)
                 self.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
-        while to_send:
-            if self._shutting_down:
-                for delivery in to_send:
-                    pending.pop(delivery.id)
-                    self._release(delivery, "released at shutdown")
-                return
-            reserved = await self._reserve_slots(lane, len(to_send))
-            reserved_at = time.monotonic()
-            if reserved is None:  # the gate is closed for long: give them back, unspent
-                retry_in = await self._gate_remaining()
-                for delivery in to_send:
-                    pending.pop(delivery.id)
-                    self._release(delivery, "rate limit gate closed", delay_s=retry_in,
-                                  event="throttled")
-                return
-            delays, uncertainty = reserved
-            group, to_send = to_send[:len(delays)], to_send[len(delays):]
-            started = await self.store.start_attempts(
-                self.owner, [Claim(d.id, d.claims) for d in group]
-            )
-            # Slots are relative to the limiter's decision: the round trip above must not
-            # push the whole group late, or it bunches up against the next group's sends.
-            elapsed = time.monotonic() - reserved_at
-            sends = []
-            for delivery, delay in zip(group, delays, strict=True):
-                pending.pop(delivery.id)  # from here on, _send_one owns its outcome
-                if delivery.id not in started:
-                    self._lost(delivery, "lease lost before the attempt started")
-                    continue
-                sends.append(self._send_one(config, delivery, delay - elapsed, uncertainty))
-            await asyncio.gather(*sends)
+        await self._send_in_groups(lane, config, to_send, pending)
 
-    async def _reserve_slots(self, lane: str, n: int) -> tuple[list[float], float] | None:
-        """Send slots for up to ``n`` deliveries as (delays from now, uncertainty); None when
-        the gate stays shut for long. The limiter decided somewhere within the round trip, so a
-        slot counted from its answer may be late by up to that round trip: the uncertainty."""
-        if self.limiter is None:
-            return [0.0] * n, 0.0
-        async with self._reserve_locks[lane]:
-            while True:
-                asked = time.monotonic()
-                reservation = await self.limiter.reserve(n, self.config.limiter_horizon_s)
-                if reservation.delays_s:
-                    return reservation.delays_s, time.monotonic() - asked
-                if reservation.retry_in_s > 2.0:
-                    return None
-                self.counters["limiter_waits"] += 1
-                await asyncio.sleep(reservation.retry_in_s)
-
-    async def _gate_remaining(self) -> float:
-        return await self.limiter.gate_remaining_s() if self.limiter else 0.0
-
-    async def _wait_for_slot(self, lane: str, delay_s: float, uncertainty_s: float) -> bool:
-        """Sleep until the reserved slot; False when the gate is closed (someone's 429).
-
-        A slot possibly missed by more than ``late_slot_s`` is not used: after an event-loop
-        stall (or a slow limiter answer, or a slow gate check), every send whose slot passed
-        meanwhile would go out at once, on top of the on-time sends of other tasks and
-        processes, and overfill the provider's one-second window. Such a send takes a fresh
-        slot instead. The gate is checked ahead of the slot by the recent worst round trip of
-        that check (decaying, capped at ``late_slot_s``), so the check does not make the send
-        late, and before that test, so a slower check still counts.
-        """
-        deadline = time.monotonic() + delay_s
-        while True:
-            early = deadline - self._gate_check_s
-            if early > time.monotonic():
-                await asyncio.sleep(early - time.monotonic())
-            # A slot granted before someone's 429 closed the gate is not used while it is shut.
-            asked = time.monotonic()
-            closed = await self._gate_remaining()
-            self._gate_check_s = min(max(time.monotonic() - asked, self._gate_check_s * 0.95),
-                                     self.config.late_slot_s)
-            if closed:
-                return False
-            if deadline > time.monotonic():
-                await asyncio.sleep(deadline - time.monotonic())
-            late = time.monotonic() - deadline + uncertainty_s
-            if self.limiter is None or late <= self.config.late_slot_s:
-                return True
-            self.counters["late_slots"] += 1
-            reserved = await self._reserve_slots(lane, 1)
-            if reserved is None:
-                return False
-            (delay_s,), uncertainty_s = reserved
-            deadline = time.monotonic() + delay_s
+    async def _send_in_groups(self, lane: str, config: LaneConfig, to_send: list[Delivery],
+                              pending: dict[int, Delivery]) -> None:
+        """Reserve slots for as many as the limiter grants, start those attempts, and go on
+        reserving while they wait for their slots. Under a backlog the limiter grants a slot
+        or two per call (the horizon is full of other batches' slots): waiting for each
+        group's sends before reserving the next would send a batch one round trip at a time,
+        and a reset released by a 429 would wait seconds behind its own batch."""
+        sends: list[asyncio.Task[None]] = []
+        try:
+            while to_send:
+                if self._shutting_down:
+                    for delivery in to_send:
+                        pending.pop(delivery.id)
+                        self._release(delivery, "released at shutdown")
+                    break
+                reserved = await self.pacer.reserve(lane, len(to_send))
+                reserved_at = self.clock.monotonic()
+                if reserved is None:  # the gate is closed for long: give them back, unspent
+                    retry_in = await self.pacer.gate_remaining()
+                    for delivery in to_send:
+                        pending.pop(delivery.id)
+                        self._release(delivery, "rate limit gate closed", delay_s=retry_in,
+                                      event="throttled")
+                    break
+                delays, uncertainty = reserved
+                group, to_send = to_send[:len(delays)], to_send[len(delays):]
+                started = await self.store.start_attempts(
+                    self.owner, [Claim(d.id, d.claims) for d in group]
+                )
+                # Slots are relative to the limiter's decision: the round trip above must not
+                # push the whole group late, or it bunches up against the next group's sends.
+                elapsed = self.clock.monotonic() - reserved_at
+                for delivery, delay in zip(group, delays, strict=True):
+                    pending.pop(delivery.id)  # from here on, _send_one owns its outcome
+                    if delivery.id not in started:
+                        self._lost(delivery, "lease lost before the attempt started")
+                        continue
+                    sends.append(asyncio.create_task(
+                        self._send_one(config, delivery, delay - elapsed, uncertainty)))
+        except asyncio.CancelledError:  # the grace period is over: so is every send's
+            for send in sends:
+                send.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+            raise
+        except Exception:  # the sends already started own their outcomes: let them finish
+            await asyncio.gather(*sends, return_exceptions=True)
+            raise
+        await asyncio.gather(*sends)
 
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float,
                         uncertainty_s: float = 0.0) -> None:
         try:
-            slot = await self._wait_for_slot(lane.name, delay_s, uncertainty_s)
-            gate = 0.0 if slot else await self._gate_remaining()
+            slot = await self.pacer.wait_for_slot(lane.name, delay_s, uncertainty_s)
+            gate = 0.0 if slot else await self.pacer.gate_remaining()
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
@@ -432,9 +432,11 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
-        started = time.perf_counter()
-        # A hard deadline, classified by the phase the send reached (worker/attempt.py).
-        attempt = Attempt(self.provider, delivery, self.config.attempt_timeout_s,
+        started = self.clock.monotonic()
+        # A hard deadline, the lane's own, classified by the phase the send reached
+        # (worker/attempt.py).
+        attempt = Attempt(self.provider, delivery,
+                          lane.attempt_timeout_s or self.config.attempt_timeout_s,
                           limiter=self.limiter)
         try:
             outcome = await attempt.run()
@@ -444,11 +446,11 @@ class Worker:
             outcome = attempt.stopped("cancelled at shutdown while in flight")
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
-            decision.detail["duration_ms"] = round((time.perf_counter() - started) * 1000, 2)
+            decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)
             self._report(delivery, decision, release=True)
             self.breaker.probe_unsent(delivery.id)
             return
-        duration_ms = round((time.perf_counter() - started) * 1000, 2)
+        duration_ms = round((self.clock.monotonic() - started) * 1000, 2)
         decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,
                           policy=self.config.retry, rand=self.rand)
         decision.detail["duration_ms"] = duration_ms
@@ -458,8 +460,8 @@ class Worker:
         self._report(delivery, decision, release=False,
                      provider_message_id=outcome.provider_message_id, error=outcome.response)
         try:
-            if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s and self.limiter:
-                await self.limiter.close_gate(outcome.retry_after_s)
+            if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s:
+                await self.pacer.close_gate(outcome.retry_after_s)
             await self.breaker.observe(outcome, decision, delivery.id)
         except Exception as exc:  # the outcome is reported; only the fleet signals failed
             self.counters["errors"] += 1
@@ -488,14 +490,12 @@ class Worker:
                         decision.detail.get("resolution", ""))
         if error is None and decision.state is not State.SENT:
             error = decision.detail.get("why") or decision.detail.get("traceback")
-        self._acks.append(Transition(
+        self.acker.add(Transition(
             id=delivery.id, claims=delivery.claims, state=decision.state, event=decision.event,
             delay_s=decision.delay_s, spend_attempt=decision.spend_attempt, error=error,
             provider_message_id=provider_message_id, dead_reason=decision.dead_reason,
             detail=decision.detail,
         ))
-        if len(self._acks) >= self.config.batch_size:
-            self._ack_wakeup.set()
         if release:
             self._release_slot(delivery)
 
@@ -516,164 +516,7 @@ class Worker:
         self._in_flight[delivery.lane] -= 1
         self._slot_freed.set()
 
-    async def _acker(self) -> None:
-        failures = 0
-        while True:
-            await _wait(self._ack_wakeup, self.config.ack_interval_s)
-            self._ack_wakeup.clear()
-            try:
-                await self._flush_acks()
-                failures = 0
-            except Exception as exc:  # kept in memory and written once the store is back
-                failures += 1
-                await self._backoff("ack", exc, failures)
-
-    async def _flush_acks(self) -> None:
-        async with self._ack_lock:
-            if not self._acks:
-                return
-            batch, self._acks = self._acks, []
-            try:
-                applied = await self.store.set_state_if_sending_many(self.owner, batch)
-            except BaseException:
-                self._acks[:0] = batch
-                raise
-            for transition in batch:
-                self._held.pop(transition.id, None)
-                if transition.id not in applied:
-                    self.counters["lease_lost"] += 1
-                    log.warning("delivery %d: outcome %s dropped, the lease was taken over",
-                                transition.id, transition.event)
-                else:
-                    self.counters[f"state:{transition.state}"] += 1
-
-    # -- background ------------------------------------------------------------------------
-    async def _waker(self) -> None:
-        failures = 0
-        while True:
-            try:
-                await self.store.wait_for_work(self.config.poll_interval_s)
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                await self._backoff("wake-up", exc, failures)
-            for event in self._lane_wakeup.values():
-                event.set()
-
-    async def _lease_keeper(self) -> None:
-        interval = self.config.lease.total_seconds() / 3
-        while True:
-            await asyncio.sleep(interval)
-            held = list(self._held.values())
-            if held:
-                try:
-                    kept = await self.store.renew_leases(self.owner, held, self.config.lease)
-                except Exception as exc:
-                    self.counters["errors"] += 1
-                    log.error("lease renewal failed (%s: %s)", type(exc).__name__, exc)
-                    continue
-                lost = len(held) - len(kept)
-                if lost:
-                    self.counters["lease_lost"] += lost
-
-    async def _caretaker(self) -> None:
-        failures = 0
-        while True:
-            try:
-                if await self._care():
-                    return
-                failures = 0
-            except Exception as exc:
-                failures += 1
-                await self._backoff("caretaker", exc, failures)
-                continue
-            await asyncio.sleep(self.config.controls_interval_s)
-
-    async def _care(self) -> bool:
-        """One round of housekeeping; True when a drain is complete."""
-        await self.controls.refresh()
-        await self.breaker.refresh(self.controls.breaker(self.provider.account))
-        if time.monotonic() - self._last_rescue >= self.config.rescue_interval_s:
-            self._last_rescue = time.monotonic()
-            rescued = await self.store.rescue_expired_leases()
-            if rescued.requeued or rescued.ambiguous:
-                log.warning("rescued expired leases: %d requeued, %d ambiguous",
-                            len(rescued.requeued), len(rescued.ambiguous))
-                for event in self._lane_wakeup.values():
-                    event.set()
-            await self.reconcile_ambiguous()
-        if self.config.drain and await self._drained():
-            self._done.set()
-            return True
-        return False
-
-    async def _drained(self) -> bool:
-        if self._send_tasks or self._held or self._acks:
-            return False
-        states = (await self.store.stats()).states
-        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
-
+    # -- reconciliation --------------------------------------------------------------------
     async def reconcile_ambiguous(self) -> int:
         """Resolve ambiguous deliveries where the provider or the lane allows it."""
-        lanes = [name for name, lane in self.lanes.items()
-                 if self.traits.deduplicates_by_key or self.traits.can_lookup_by_key
-                 or lane.on_ambiguous == "resend"]
-        if not lanes:
-            return 0
-        resolved = []
-        now = datetime.now(UTC)
-        for delivery in await self.store.list_ambiguous(100, lanes=lanes):
-            lane = self.lanes.get(delivery.lane)
-            if lane is None:
-                continue
-            transition = await self._resolution(delivery, lane, now)
-            if transition is not None:
-                resolved.append(transition)
-        applied = await self.store.set_state_if_ambiguous_many(resolved)
-        if applied:
-            log.info("reconciled %d ambiguous deliveries", len(applied))
-            for event in self._lane_wakeup.values():
-                event.set()
-        return len(applied)
-
-    async def _resolution(self, delivery: Delivery, lane: LaneConfig,
-                          now: datetime) -> Transition | None:
-        def to(state: State, event: str, why: str, **extra: object) -> Transition:
-            return Transition(delivery.id, delivery.claims, state, event, delay_s=0.0,
-                              spend_attempt=False, detail={"resolution": why},
-                              **extra)  # type: ignore[arg-type]
-
-        if self.traits.can_lookup_by_key:
-            found = await self.provider.lookup(delivery.key)
-            if found is not None and found.kind is OutcomeClass.ACCEPTED:
-                return to(State.SENT, "reconciled", "the provider has it",
-                          provider_message_id=found.provider_message_id)
-            if found is not None:  # the lookup itself failed: ask again next round
-                return None
-            why = "the provider does not have it"
-        elif self.traits.deduplicates_by_key:
-            why = "retry with the same key; the provider deduplicates"
-        else:
-            why = "lane policy is resend: a duplicate is accepted"
-        expires_at = effective_expiry(delivery, lane)
-        if expires_at is not None and now >= expires_at:
-            return to(State.EXPIRED, "expired", why, dead_reason=DeadReason.EXPIRED)
-        if delivery.attempts >= lane.max_attempts:
-            return to(State.DEAD, "dead_lettered", why, dead_reason=DeadReason.BUDGET_EXHAUSTED)
-        return to(State.PENDING, "reconciled", why)
-
-
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
-            await event.wait()
-
-
-async def _first_failure(tasks: Sequence[asyncio.Task[None]]) -> None:
-    """Return when any task fails (re-raising its error); tasks are not meant to end."""
-    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    for task in done:
-        if not task.cancelled() and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-    await asyncio.Event().wait()
+        return await self.reconciler.reconcile()

@@ -1,0 +1,95 @@
+"""Send pacing against the global limiter: reserve slots for a batch in one round trip, then
+hold each send until its slot, and never use a slot late.
+
+Why not late: the limiter guarantees planned start times. After an event-loop stall (or a slow
+limiter answer, or a slow gate check) every send whose slot passed meanwhile would go out at
+once, on top of the on-time sends of other tasks and processes, and overfill the provider's
+one-second window. Such a send takes a fresh slot instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable
+
+from postlane.limiter.base import RateLimiter
+from postlane.worker.clock import Clock
+
+LONG_GATE_S = 2.0
+"""A gate (someone's 429) shut for longer than this is not waited out: the batch goes back to
+the store, unspent, rather than holding claims and slots."""
+
+
+class Pacer:
+    def __init__(self, limiter: RateLimiter | None, lanes: Iterable[str],
+                 counters: Counter[str], *, horizon_s: float, late_slot_s: float,
+                 clock: Clock) -> None:
+        self.limiter = limiter
+        self.counters = counters
+        self.horizon_s = horizon_s
+        self.late_slot_s = late_slot_s
+        self.clock = clock
+        # One limiter poller per lane: without it every waiting batch polls the limiter at
+        # each freed slot (a thundering herd of round trips per send).
+        self._reserve_locks = {name: asyncio.Lock() for name in lanes}
+        self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
+
+    async def reserve(self, lane: str, n: int) -> tuple[list[float], float] | None:
+        """Send slots for up to ``n`` deliveries as (delays from now, uncertainty); None when
+        the gate stays shut for long. The limiter decided somewhere within the round trip, so a
+        slot counted from its answer may be late by up to that round trip: the uncertainty."""
+        if self.limiter is None:
+            return [0.0] * n, 0.0
+        async with self._reserve_locks[lane]:
+            while True:
+                asked = self.clock.monotonic()
+                reservation = await self.limiter.reserve(n, self.horizon_s)
+                if reservation.delays_s:
+                    return reservation.delays_s, self.clock.monotonic() - asked
+                if reservation.retry_in_s > LONG_GATE_S:
+                    return None
+                self.counters["limiter_waits"] += 1
+                await self.clock.sleep(reservation.retry_in_s)
+
+    async def gate_remaining(self) -> float:
+        return await self.limiter.gate_remaining_s() if self.limiter else 0.0
+
+    async def close_gate(self, seconds: float) -> None:
+        """The provider said 429 with a Retry-After: nobody on the account sends until then."""
+        if self.limiter is not None:
+            await self.limiter.close_gate(seconds)
+
+    async def wait_for_slot(self, lane: str, delay_s: float, uncertainty_s: float) -> bool:
+        """Sleep until the reserved slot; False when the gate is closed (someone's 429).
+
+        A slot possibly missed by more than ``late_slot_s`` is not used (see the module
+        docstring): the send reserves a fresh one. The gate is checked ahead of the slot by
+        the recent worst round trip of that check (decaying, capped at ``late_slot_s``), so
+        the check does not make the send late, and before that test, so a slower check still
+        counts.
+        """
+        clock = self.clock
+        deadline = clock.monotonic() + delay_s
+        while True:
+            early = deadline - self._gate_check_s
+            if early > clock.monotonic():
+                await clock.sleep(early - clock.monotonic())
+            # A slot granted before someone's 429 closed the gate is not used while it is shut.
+            asked = clock.monotonic()
+            closed = await self.gate_remaining()
+            self._gate_check_s = min(max(clock.monotonic() - asked, self._gate_check_s * 0.95),
+                                     self.late_slot_s)
+            if closed:
+                return False
+            if deadline > clock.monotonic():
+                await clock.sleep(deadline - clock.monotonic())
+            late = clock.monotonic() - deadline + uncertainty_s
+            if self.limiter is None or late <= self.late_slot_s:
+                return True
+            self.counters["late_slots"] += 1
+            reserved = await self.reserve(lane, 1)
+            if reserved is None:
+                return False
+            (delay_s,), uncertainty_s = reserved
+            deadline = clock.monotonic() + delay_s
