@@ -104,3 +104,15 @@ def test_the_walk_sees_what_it_must() -> None:
     assert {"psycopg", "sqlite3", "psycopg_pool"} <= store_imports
     lazy = {m for _, m in _imports(PACKAGE / "store" / "probe.py")}
     assert "psycopg" in lazy  # imported inside probe_postgres, not at the top
+
+
+@pytest.mark.parametrize("under", ["worker", "webhooks", "operations.py", "dead_letters.py",
+                                   "metrics.py", "status.py", "templates.py"])
+def test_consumers_name_their_roles_not_the_whole_store(under: str) -> None:
+    """The worker takes ``WorkerStore`` (and ``FleetStore``), the webhook receiver
+    ``ProviderEventStore``...: none of them imports the whole ``Store``."""
+    paths = [PACKAGE / under] if under.endswith(".py") else _modules(under)
+    offenders = [f"{_name(path)}:{line}" for path in paths
+                 for line, module in _imports(path)
+                 if module in ("postlane.store.Store", "postlane.store.base.Store")]
+    assert offenders == []
