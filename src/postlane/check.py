@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
-from postlane.core.rates import parse_rate
+from postlane.core.rates import parse_limits
 from postlane.core.redaction import redact_url
 from postlane.errors import (
     ConfigurationError,
@@ -428,7 +428,7 @@ async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> li
 
 # -- rate --------------------------------------------------------------------------------
 def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, list[Finding]]:
-    """The ceiling as sends per second (None when unset or unusable) and the findings."""
+    """The per-second ceiling (None when unset, unusable, daily only or auto) and the findings."""
     findings: list[Finding] = []
     if not (math.isfinite(headroom) and 0 <= headroom < 0.5):
         findings.append(Finding("rate", "fail",
@@ -442,16 +442,26 @@ def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, 
             "set --rate to the provider account's documented ceiling, e.g. 200/s"))
         return None, findings
     try:
-        ceiling = parse_rate(text)
+        limits = parse_limits(text)
     except ConfigurationError:
         findings.append(Finding("rate", "fail",
                                 f"the rate {text!r} is not a positive number of sends per "
-                                "second or minute",
-                                "write it as 200/s, 12000/m or 200"))
+                                "second, minute or day, a pair (14/s,50000/d) or auto",
+                                "write it as 200/s, 12000/m, 50000/d, 14/s,50000/d or auto"))
         return None, findings
-    plan = (f"; workers plan {ceiling * (1 - headroom):g}/s ({headroom:.0%} headroom)"
-            if not findings else "")
-    findings.append(Finding("rate", "ok", f"ceiling {ceiling:g}/s{plan}, shared by every "
+    if limits.auto:
+        findings.append(Finding("rate", "ok", "ceilings read from the provider's account at "
+                                              "start and every 5 minutes (--rate auto)"))
+        return None, findings
+    ceiling = limits.per_second
+    parts = []
+    if ceiling is not None:
+        plan = (f"; workers plan {ceiling * (1 - headroom):g}/s ({headroom:.0%} headroom)"
+                if not findings else "")
+        parts.append(f"ceiling {ceiling:g}/s{plan}")
+    if limits.per_day is not None:
+        parts.append(f"daily quota {limits.per_day} per 24 h")
+    findings.append(Finding("rate", "ok", f"{', '.join(parts)}, shared by every "
                                           "process that uses the same limiter"))
     return ceiling, findings
 

@@ -21,7 +21,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from postlane.limiter import RedisLimiter, open_limiter
+from postlane.limiter import DailyQuota, RedisLimiter, open_limiter
 
 REDIS_URL = os.environ.get("POSTLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -67,9 +67,10 @@ async def make(redis_url: str, prefix: str) -> AsyncIterator[MakeLimiter]:
     """Build limiters on connections of their own (as separate workers would have)."""
     made: list[RedisLimiter] = []
 
-    def build(rate: float = 10.0, burst: int = 1, account: str = "acct") -> RedisLimiter:
+    def build(rate: float | None = 10.0, burst: int = 1, account: str = "acct",
+              quota: DailyQuota | None = None) -> RedisLimiter:
         lim = RedisLimiter.from_url(
-            redis_url, rate=rate, burst=burst, account=account, key_prefix=prefix
+            redis_url, rate=rate, burst=burst, quota=quota, account=account, key_prefix=prefix
         )
         made.append(lim)
         return lim
@@ -303,3 +304,143 @@ def test_four_processes_share_one_ceiling_and_use_it(redis_url: str, prefix: str
     assert worst <= CEILING + 1, f"{worst} sends in one second, ceiling {CEILING:.0f}"
     assert used >= 0.95, f"ceiling used at {used:.1%}, expected >= 95% of {CEILING:.0f}/s"
     assert all(s > 0 for s in shares), "every process should have sent"
+
+
+# -- the daily quota, in a compressed day --------------------------------------------------------
+
+# A "day" of 3 s and a quota of 30: a stock of 15 (5 per second of pace), 3 kept back from bulk.
+SHORT_DAY = DailyQuota(30, window_s=3.0, burst=0.5, reserve=0.2)
+
+
+async def test_quota_stock_then_pace_shared_by_two_connections(make: MakeLimiter) -> None:
+    one, two = make(rate=None, quota=SHORT_DAY), make(rate=None, quota=SHORT_DAY)
+    first = await one.reserve(10, horizon_s=0)
+    second = await two.reserve(10, horizon_s=0)
+    assert (first.granted, second.granted) == (1, 1)  # horizon 0: one slot "right now" each
+    burst = await two.reserve(100, horizon_s=0.1)
+    assert burst.granted == 13  # the stock of 15, whichever connection took it
+    paced = await one.reserve(3, horizon_s=1.0)
+    assert [round(d, 1) for d in paced.delays_s] == [0.2, 0.4, 0.6]
+
+
+async def test_bulk_is_refused_first_and_interactive_still_gets_slots(make: MakeLimiter) -> None:
+    bulk, interactive = make(rate=None, quota=SHORT_DAY), make(rate=None, quota=SHORT_DAY)
+    took = await bulk.reserve(100, horizon_s=0.1, lane="bulk")
+    assert took.granted == 12  # the stock less the reserve of 3
+    refused = await bulk.reserve(1, horizon_s=0, lane="bulk")
+    assert refused.granted == 0
+    assert 0.2 - SLACK < refused.retry_in_s <= 0.2  # the next refill above the reserve
+    kept = await interactive.reserve(100, horizon_s=0.1, lane="interactive")
+    assert kept.granted == 3
+    again = await bulk.reserve(1, horizon_s=0, lane="bulk")
+    assert 0.8 - SLACK < again.retry_in_s <= 0.8  # now four refills away
+
+
+async def test_quota_state_expires_when_the_stock_is_full_again(make: MakeLimiter,
+                                                               redis_url: str) -> None:
+    lim = make(rate=None, quota=SHORT_DAY)
+    await lim.reserve(15, horizon_s=0.1)  # the stock is empty: owed for 15 intervals (3 s)
+    client = Redis.from_url(redis_url)
+    try:
+        ttl_ms = await client.pttl(lim.key)
+        assert await client.hget(lim.key, "dtat") is not None
+    finally:
+        await client.aclose()
+    assert 3000 < ttl_ms <= 4000 + 100
+
+
+async def test_limit_stock_lowers_the_shared_stock_and_never_raises_it(
+        make: MakeLimiter) -> None:
+    """The account says only 4 are left (another sender, a restart): every connection sees it."""
+    told, other = make(rate=None, quota=SHORT_DAY), make(rate=None, quota=SHORT_DAY)
+    await told.limit_stock(4)
+    assert (await other.reserve(100, horizon_s=0.1)).granted == 4
+    await told.limit_stock(10)  # more left than the limiter counts: nothing handed back
+    assert (await other.reserve(1, horizon_s=0)).granted == 0
+    plain = make(rate=10, account="no-quota")
+    await plain.limit_stock(0)  # no quota: nothing to lower
+    assert (await plain.reserve(1, horizon_s=0)).granted == 1
+
+
+QUOTA_DAY_S = 2.0
+QUOTA = DailyQuota(20, window_s=QUOTA_DAY_S, burst=0.5, reserve=0.2)
+"""Stock 10, paced one per 0.2 s, 2 kept back from bulk."""
+QUOTA_RUN_S = 6.0
+
+
+def _quota_sender(url: str, prefix: str, lane: str, ready: Any, go: Any, start: Any,
+                  out: Any) -> None:
+    asyncio.run(_quota_loop(url, prefix, lane, ready, go, start, out))
+
+
+async def _quota_loop(url: str, prefix: str, lane: str, ready: Any, go: Any, start: Any,
+                      out: Any) -> None:
+    """Bulk asks for all it can get, all the time; interactive asks for one "right now"
+    every 0.3 s, as a trickle of password resets would."""
+    lim = RedisLimiter.from_url(url, rate=None, quota=QUOTA, account="quota",
+                                key_prefix=prefix)
+    slots: list[float] = []
+    asks = refused = 0
+    try:
+        await lim.gate_remaining_s()
+        ready.wait()
+        go.wait()
+        end = start.value + QUOTA_RUN_S
+        await asyncio.sleep(max(0.0, start.value - time.time()))
+        while time.time() < end:
+            asks += 1
+            if lane == "bulk":
+                res = await lim.reserve(5, horizon_s=0.5, lane=lane)
+            else:
+                res = await lim.reserve(1, horizon_s=0, lane=lane)
+            anchor = time.time()  # at or after Redis' now: planned times err late
+            slots += [anchor + d for d in res.delays_s]
+            if not res.granted:
+                refused += 1
+            if lane == "bulk":
+                await asyncio.sleep(res.delays_s[-1] if res.granted else res.retry_in_s)
+            else:
+                await asyncio.sleep(0.3)
+    finally:
+        await lim.close()
+        out.put((lane, slots, asks, refused))
+
+
+def test_daily_quota_is_shared_across_processes_and_bulk_yields(redis_url: str,
+                                                                 prefix: str) -> None:
+    lanes = ["bulk", "bulk", "interactive"]
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Barrier(len(lanes) + 1), ctx.Barrier(len(lanes) + 1)
+    start = ctx.Value("d", 0.0)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_quota_sender,
+                         args=(redis_url, prefix, lane, ready, go, start, out))
+             for lane in lanes]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(timeout=30)
+        start.value = time.time() + 0.2
+        go.wait(timeout=5)
+        results = [out.get(timeout=QUOTA_RUN_S + 20) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    assert all(p.exitcode == 0 for p in procs)
+
+    slots = sorted(t for _, got, _, _ in results for t in got)
+    # No window of a "day" holds more than the quota: quota + 1 slots span more than the
+    # window. Slots are anchored at each reply, so they may look up to a round trip late.
+    spans = [last - first for first, last in zip(slots, slots[QUOTA.quota:], strict=False)]
+    assert spans and min(spans) > QUOTA_DAY_S - 0.05, min(spans)
+    # One quota for the three: the stock and the pace, not three of each.
+    assert len(slots) <= QUOTA.stock + QUOTA_RUN_S / 0.2 + 1
+    bulk = [r for r in results if r[0] == "bulk"]
+    (_, _, asks, refused), = [r for r in results if r[0] == "interactive"]
+    assert all(got for _, got, _, _ in bulk), "both bulk processes should have sent"
+    assert sum(r[3] for r in bulk) > 0, "bulk was never refused: the test did not drain"
+    # The bulk lane kept off the reserve, so the trickle of interactive sends went out.
+    assert refused <= asks // 10, f"interactive refused {refused} of {asks} times"

@@ -8,6 +8,7 @@ pauses an account and never sits on a request; a small stub in front of it does 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,7 @@ from email import message_from_string
 from typing import Any
 
 import boto3
+import botocore.exceptions
 import httpx
 import pytest
 import uvicorn
@@ -28,6 +30,8 @@ from moto.ses.models import ses_backends
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import RetryPolicy
 from postlane.core.states import State
+from postlane.limiter import MemoryLimiter
+from postlane.limiter.auto import AccountLimits, QuotaShape, apply_limits
 from postlane.providers.registry import open_provider
 from postlane.providers.sandbox_server import bind
 from postlane.providers.ses import SESProvider
@@ -126,6 +130,8 @@ class Stub:
     def __init__(self, moto: str) -> None:
         self.moto = moto
         self.script: list[tuple[int, str]] = []
+        self.account: dict[str, Any] | None = None
+        """GetAccount's answer (moto does not implement it), None: pass it to moto."""
         self.hang = False
         self.answers: Counter[str] = Counter()
         self.release = asyncio.Event()
@@ -138,6 +144,9 @@ class Stub:
         if self.hang:
             self.answers["hang"] += 1
             await self.release.wait()
+        if path == "v2/email/account" and self.account is not None:
+            self.answers["GetAccount"] += 1
+            return Response(json.dumps(self.account), 200, media_type="application/json")
         if self.script:
             status, code = self.script.pop(0)
             self.answers[code] += 1
@@ -227,3 +236,59 @@ async def test_worker_sends_through_ses_exactly_once_despite_throttling_and_a_pa
         assert sent.attempts == 1  # throttles and pauses spent no attempt
         assert sent.provider_message_id
 
+
+
+# -- --rate auto: GetAccount's SendQuota ---------------------------------------------------------
+def get_account(rate: float, daily: float, sent: float) -> dict[str, Any]:
+    """GetAccount's answer as the SESv2 API reference documents it (the parts we read)."""
+    return {"SendQuota": {"Max24HourSend": daily, "MaxSendRate": rate,
+                          "SentLast24Hours": sent},
+            "SendingEnabled": True, "ProductionAccessEnabled": True,
+            "EnforcementStatus": "HEALTHY", "DedicatedIpAutoWarmupEnabled": False}
+
+
+async def test_account_limits_come_from_get_account(stub: tuple[Stub, str]) -> None:
+    fake, url = stub
+    fake.account = get_account(14.0, 50000.0, 1234.0)
+    async with ses(ses_url(url)) as provider:
+        limits = await provider.account_limits()
+        assert limits == AccountLimits(max_send_rate=14.0, max_24h_send=50_000,
+                                       sent_last_24h=1234)
+        limiter = MemoryLimiter(rate=1.0)
+        await apply_limits(limiter, limits, headroom=0.02, shape=QuotaShape())
+        assert limiter.rate == pytest.approx(14 * 0.98)
+        assert limiter.quota is not None and limiter.quota.quota == 50_000
+        # SES raised the account: the next refresh follows it.
+        fake.account = get_account(50.0, 200000.0, 0.0)
+        await apply_limits(limiter, await provider.account_limits(), headroom=0.02,
+                           shape=QuotaShape())
+    assert limiter.rate == pytest.approx(50 * 0.98)
+    assert limiter.quota is not None and limiter.quota.quota == 200_000
+    assert fake.answers["GetAccount"] == 2 and fake.answers["moto"] == 0
+
+
+async def test_an_unlimited_daily_quota_is_no_quota(stub: tuple[Stub, str]) -> None:
+    fake, url = stub
+    fake.account = get_account(200.0, -1.0, 5.0)  # -1: no 24-hour limit
+    async with ses(ses_url(url)) as provider:
+        limits = await provider.account_limits()
+    assert (limits.max_send_rate, limits.max_24h_send) == (200.0, None)
+
+
+async def test_moto_has_no_get_account_so_auto_refuses_to_start(moto: str,
+                                                                tmp_path: Any) -> None:
+    """moto (5.x) answers GetAccount 404: the adapter raises, and ``worker --rate auto``
+    stops at start with a clear error instead of sending without a ceiling."""
+    async with ses(ses_url(moto)) as provider:
+        with pytest.raises(botocore.exceptions.ClientError):
+            await provider.account_limits()
+    from typer.testing import CliRunner
+
+    from postlane.cli.main import app
+
+    result = await asyncio.to_thread(CliRunner().invoke, app, [
+        "--db", f"sqlite:///{tmp_path}/none.db", "worker", "--provider", ses_url(moto),
+        "--rate", "auto", "--drain"])
+    assert result.exit_code == 1, result.output
+    assert "--rate auto: could not read the account's limits from ses" in result.output
+    assert SECRET not in result.output

@@ -27,11 +27,12 @@ class FlakyLimiter(MemoryLimiter):
         self.down = True
         self.failures = 0
 
-    async def reserve(self, n: int = 1, horizon_s: float = 1.0) -> Reservation:
+    async def reserve(self, n: int = 1, horizon_s: float = 1.0,
+                      lane: str | None = None) -> Reservation:
         if self.down:
             self.failures += 1
             raise ConnectionError("Redis is unreachable")
-        return await super().reserve(n, horizon_s)
+        return await super().reserve(n, horizon_s, lane)
 
     async def gate_remaining_s(self) -> float:
         if self.down:

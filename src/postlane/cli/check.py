@@ -26,7 +26,7 @@ def check(
         help="Provider URL, as given to the worker.")] = None,
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
-        help="The provider account's ceiling, e.g. 200/s.")] = None,
+        help="The provider account's ceiling, e.g. 200/s, 50000/d, 14/s,50000/d or auto.")] = None,
     headroom: Annotated[float, typer.Option(
         envvar="POSTLANE_HEADROOM", show_envvar=True,
         help="Fraction kept below the ceiling.")] = 0.02,

@@ -13,10 +13,12 @@ from rich.markup import escape
 
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
-from postlane.core.rates import parse_rate
+from postlane.core.rates import parse_limits, parse_rate
 from postlane.errors import ConfigurationError
-from postlane.limiter import open_limiter
+from postlane.limiter import DailyQuota, RateLimiter, open_limiter
+from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
 from postlane.logs import configure_logging, log_effective_configuration
+from postlane.providers.base import no_account_limits, reports_account_limits
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -39,7 +41,17 @@ def worker(
              "Secrets belong in the environment, not on the command line.")],
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
-        help="The provider account's ceiling, e.g. 200/s. Unset: no limit.")] = None,
+        help="The provider account's ceiling: 200/s; a daily quota 50000/d; both "
+             "14/s,50000/d; or auto (read from the account, SES only, refreshed every "
+             "5 minutes). Unset: no limit.")] = None,
+    quota_burst: Annotated[float, typer.Option(
+        envvar="POSTLANE_QUOTA_BURST", show_envvar=True,
+        help="Fraction of a daily quota that may go out back to back; the rest is paced "
+             "evenly over 24 hours.")] = 0.25,
+    quota_reserve: Annotated[float, typer.Option(
+        envvar="POSTLANE_QUOTA_RESERVE", show_envvar=True,
+        help="Fraction of that burst the bulk lane may not use: kept for interactive mail "
+             "when the day's quota runs low.")] = 0.2,
     burst: Annotated[int, typer.Option(envvar="POSTLANE_BURST", show_envvar=True,
                                        help="Sends allowed back to back.")] = 1,
     headroom: Annotated[float, typer.Option(
@@ -105,14 +117,23 @@ def worker(
                                     retry_base=retry_base, retry_cap=retry_cap),
             lease=lease, grace_s=grace.total_seconds(), drain=drain,
         )
-        ceiling = parse_rate(rate) if rate else None
+        limits = parse_limits(rate) if rate else None
+        shape = QuotaShape(burst=quota_burst, reserve=quota_reserve)
         provider_obj = open_provider(provider)
         limiter_obj = None
-        if ceiling is not None:
+        if limits is not None:
             if not 0 <= headroom < 0.5:
                 raise ConfigurationError("--headroom must be in [0, 0.5)")
-            limiter_obj = open_limiter(limiter, rate=ceiling * (1 - headroom), burst=burst,
-                                       account=provider_obj.account)
+            if limits.auto:
+                if not reports_account_limits(provider_obj):
+                    raise ConfigurationError(no_account_limits(provider_obj))
+            else:
+                quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
+                         if limits.per_day is not None else None)
+                per_second = (limits.per_second * (1 - headroom)
+                              if limits.per_second is not None else None)
+                limiter_obj = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
+                                           account=provider_obj.account)
         elif limiter:
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
     except ConfigurationError as exc:
@@ -120,7 +141,30 @@ def worker(
     log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
                                 {"db": ctx.obj.db, **ctx.params})
 
+    async def _auto_limiter() -> RateLimiter:
+        """The first read of the account's limits: a provider that cannot answer stops the
+        start here, rather than a worker sending with no ceiling."""
+        try:
+            account = await provider_obj.account_limits()
+        except Exception as exc:
+            await provider_obj.close()
+            if isinstance(exc, ConfigurationError):
+                raise
+            raise ConfigurationError(f"--rate auto: could not read the account's limits from "
+                                     f"{provider_obj.name} ({type(exc).__name__}: {exc})") from exc
+        per_second, quota = ceilings_of(account, headroom=headroom, shape=shape)
+        made = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
+                            account=provider_obj.account)
+        await apply_limits(made, account, headroom=headroom, shape=shape)
+        return made
+
     async def _run() -> DrainResult | None:
+        nonlocal limiter_obj
+        follower = None
+        if limits is not None and limits.auto:
+            limiter_obj = await _auto_limiter()
+            follower = asyncio.create_task(follow_limits(
+                limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
             instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
@@ -138,6 +182,8 @@ def worker(
                 await instance.run()
                 return None
             finally:
+                if follower is not None:
+                    follower.cancel()
                 if exporter is not None:
                     exporter.shutdown()
                 if limiter_obj is not None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from postlane.errors import ConfigurationError
-from postlane.limiter.base import MAX_BATCH, RateLimiter, Reservation
+from postlane.limiter.base import MAX_BATCH, UNLIMITED_RATE, DailyQuota, RateLimiter, Reservation
 from postlane.limiter.memory import MemoryLimiter
 
 if TYPE_CHECKING:
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_BATCH",
+    "UNLIMITED_RATE",
+    "DailyQuota",
     "MemoryLimiter",
     "RateLimiter",
     "RedisLimiter",
@@ -40,17 +42,19 @@ def __getattr__(name: str) -> Any:
 def open_limiter(
     url: str | None,
     *,
-    rate: float,
+    rate: float | None,
     burst: int = 1,
+    quota: DailyQuota | None = None,
     account: str = "default",
 ) -> RateLimiter:
     """Build the limiter a URL names. Nothing connects until the first call.
 
     Every process that passes the same Redis URL and ``account`` shares one ceiling; the
     memory limiter is per process, so use it only when one process sends for the account.
+    ``rate=None`` with a ``quota``: a daily quota and no per-second ceiling.
     """
     if url is None:
-        return MemoryLimiter(rate=rate, burst=burst)
+        return MemoryLimiter(rate=rate, burst=burst, quota=quota)
     if not isinstance(url, str):
         raise ConfigurationError(f"limiter URL must be a string or None, got {type(url).__name__}")
     try:
@@ -63,7 +67,7 @@ def open_limiter(
             raise ConfigurationError(
                 f"limiter URL {_redact(url)!r}: memory:// takes no host, path or options"
             )
-        return MemoryLimiter(rate=rate, burst=burst)
+        return MemoryLimiter(rate=rate, burst=burst, quota=quota)
     if scheme in _REDIS_SCHEMES:
         if not parts.hostname:
             raise ConfigurationError(
@@ -71,7 +75,8 @@ def open_limiter(
             )
         from postlane.limiter.redis import RedisLimiter
 
-        return RedisLimiter.from_url(url, rate=rate, burst=burst, account=account)
+        return RedisLimiter.from_url(url, rate=rate, burst=burst, quota=quota,
+                                     account=account)
     raise ConfigurationError(
         f"unsupported limiter URL {_redact(url)!r}: use memory:// (one process) or "
         "redis://host:port/db (shared by processes and hosts)"

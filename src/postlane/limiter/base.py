@@ -15,6 +15,22 @@ more during a backlog.
 
 A 429 with ``Retry-After`` closes the account's *gate*: until then nobody gets a slot, whichever
 worker saw the 429. Early is not failed: a denial requeues without spending an attempt.
+
+A *daily quota* (``DailyQuota``: SES's ``Max24HourSend``, a plan's 50,000 a day) is a second
+GCRA on the same slots, held in the same state, so one ``reserve`` satisfies both at once. Why a
+paced bucket and not a counter per calendar day or a log of the last 24 hours: a counter lets
+the whole quota go out at 00:01 and leaves the afternoon's password resets nothing; a log costs
+memory per send. The bucket holds a *stock* (``burst`` of the quota, a quarter by default) that
+may go out at the per-second ceiling, and refills at ``(quota - stock) / window``, so a backlog
+spreads over the day, and any window of ``window_s`` (24 h) holds at most ``quota`` sends:
+``quota + 1`` slots span at least ``(quota - stock + 1)`` intervals, longer than the window.
+
+When the stock runs low the *yielding* lanes (bulk) give way first: they may not draw it below
+``reserve`` of its size, so interactive mail still goes out when the newsletter has used the
+day. A yielding lane still gets the refill above the reserve; it is slowed, not stopped. It
+books no refill ahead of now (its daily horizon is 0): slots booked for later count against the
+stock at once, so a bulk batch booking half a second of refill would leave interactive mail
+nothing *now*.
 """
 
 from __future__ import annotations
@@ -27,6 +43,60 @@ from postlane.errors import ConfigurationError
 
 MAX_BATCH = 10_000
 """Most slots one ``reserve`` may ask for: a batch, not a schedule (it bounds the script's loop)."""
+UNLIMITED_RATE = 1_000_000.0
+"""The per-second rate of a limiter given only a daily quota: slots a microsecond apart, i.e.
+no per-second ceiling of its own (the Redis limiter's finest spacing)."""
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class DailyQuota:
+    """At most ``quota`` sends in any window of ``window_s`` (a rolling day), spread over it."""
+
+    quota: int
+    window_s: float = DAY_S
+    """A test compresses the day to seconds; production leaves it at 24 hours."""
+    burst: float = 0.25
+    """Fraction of the quota that may go out back to back (at the per-second ceiling): the
+    stock. The rest is paced evenly over the window. Larger: fewer waits in a peak hour, but a
+    backlog uses more of the day early."""
+    reserve: float = 0.2
+    """Fraction of the stock the yielding lanes may not use: kept for the others."""
+    yielding: frozenset[str] = frozenset({"bulk"})
+    """Lanes that give way when the stock runs low."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.quota, int) and self.quota >= 2):
+            raise ConfigurationError(f"daily quota must be an integer >= 2, got {self.quota!r}")
+        if not (math.isfinite(self.window_s) and self.window_s > 0):
+            raise ConfigurationError(f"quota window must be positive seconds, got "
+                                     f"{self.window_s!r}")
+        if not (math.isfinite(self.burst) and 0 < self.burst < 1):
+            raise ConfigurationError(f"quota burst must be a fraction in (0, 1), got "
+                                     f"{self.burst!r}")
+        if not (math.isfinite(self.reserve) and 0 <= self.reserve < 1):
+            raise ConfigurationError(f"quota reserve must be a fraction in [0, 1), got "
+                                     f"{self.reserve!r}")
+
+    @property
+    def stock(self) -> int:
+        """Sends that may go out back to back: at least one, at most ``quota - 1``."""
+        return min(self.quota - 1, max(1, math.floor(self.burst * self.quota)))
+
+    @property
+    def reserved(self) -> int:
+        """Sends of the stock only the non-yielding lanes may use (fewer than the stock)."""
+        return math.floor(self.reserve * self.stock)
+
+    def spacing(self, unit: int) -> tuple[int, int, int]:
+        """(interval, tolerance, tolerance of a yielding lane) in ``unit`` ticks per second.
+
+        The interval is rounded up: a tick too long costs nothing, one too short could put
+        ``quota + 1`` sends in a window.
+        """
+        interval = math.ceil(self.window_s * unit / (self.quota - self.stock))
+        tau = (self.stock - 1) * interval
+        return interval, tau, tau - self.reserved * interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,22 +130,57 @@ class RateLimiter(abc.ABC):
     burst: int
     """How many tokens may be used back to back (1 = perfectly spaced)."""
 
-    def __init__(self, *, rate: float, burst: int = 1) -> None:
+    quota: DailyQuota | None
+    """The account's daily quota, if it has one."""
+
+    def __init__(self, *, rate: float | None, burst: int = 1,
+                 quota: DailyQuota | None = None) -> None:
+        self.set_ceilings(rate=rate, burst=burst, quota=quota)
+
+    def set_ceilings(self, *, rate: float | None, burst: int = 1,
+                     quota: DailyQuota | None = None) -> None:
+        """Change the ceilings in place (``--rate auto`` follows the provider's account).
+
+        ``rate=None`` means no per-second ceiling (``UNLIMITED_RATE``); then a quota is needed.
+        The shared state stays: sends already counted still count.
+        """
+        if rate is None:
+            if quota is None:
+                raise ConfigurationError("a limiter needs a rate, a daily quota or both")
+            rate = UNLIMITED_RATE
         if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
             raise ConfigurationError(f"limiter rate must be a positive number, got {rate!r}")
         if not (isinstance(burst, int) and burst >= 1):
             raise ConfigurationError(f"limiter burst must be an integer >= 1, got {burst!r}")
+        if quota is not None and not isinstance(quota, DailyQuota):
+            raise ConfigurationError(f"limiter quota must be a DailyQuota, got {quota!r}")
         self.rate = float(rate)
         self.burst = burst
+        self.quota = quota
+        self._ceilings_changed()
 
     @abc.abstractmethod
-    async def reserve(self, n: int = 1, horizon_s: float = 1.0) -> Reservation:
-        """Atomically reserve up to ``n`` send slots.
+    def _ceilings_changed(self) -> None:
+        """Recompute what an engine derives from ``rate``, ``burst`` and ``quota``."""
 
-        Slots are spaced ``1/rate`` apart, never in the past and never more than ``horizon_s``
-        ahead of now; fewer than ``n`` are granted when the horizon is reached, none while the
-        gate is closed. ``horizon_s=0`` means "only if a slot is free right now".
+    @abc.abstractmethod
+    async def reserve(self, n: int = 1, horizon_s: float = 1.0,
+                      lane: str | None = None) -> Reservation:
+        """Atomically reserve up to ``n`` send slots for ``lane``.
+
+        Slots are spaced ``1/rate`` apart and within the daily quota, never in the past and
+        never more than ``horizon_s`` ahead of now; fewer than ``n`` are granted when the
+        horizon is reached, none while the gate is closed. ``horizon_s=0`` means "only if a
+        slot is free right now". A lane the quota names as yielding gets no slot that would
+        take the quota's stock below its reserve.
         """
+
+    @abc.abstractmethod
+    async def limit_stock(self, remaining: int) -> None:
+        """Let no more than ``remaining`` sends of the daily quota go out now (the provider
+        counted sends this limiter did not see: another sender, a restart). Only ever lowers
+        the stock; sends this limiter counted already are not counted twice. No-op without a
+        quota."""
 
     @abc.abstractmethod
     async def close_gate(self, until_s_from_now: float) -> None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome
-from postlane.errors import InvalidMessage, MissingSender
+from postlane.errors import ConfigurationError, InvalidMessage, MissingSender
+
+if TYPE_CHECKING:
+    from postlane.limiter.auto import AccountLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,14 @@ class Provider(abc.ABC):
         does not know it. Only called when ``capabilities.can_lookup_by_key``."""
         raise NotImplementedError(f"{self.name} cannot look messages up by key")
 
+    async def account_limits(self) -> AccountLimits:
+        """The account's send limits as the provider reports them (``--rate auto``).
+
+        Most providers have no such API: their limits are documented (docs/providers.md) and
+        given with ``--rate``. Raises ``ConfigurationError`` saying so.
+        """
+        raise ConfigurationError(no_account_limits(self))
+
     async def open(self) -> None:
         """Acquire connections; called once by the worker before the first send."""
         return None
@@ -65,6 +77,18 @@ class Provider(abc.ABC):
     async def close(self) -> None:
         """Release connections; called once when the worker stops."""
         return None
+
+
+def reports_account_limits(provider: Provider) -> bool:
+    """Whether ``provider`` can answer ``account_limits`` (checked before a worker starts)."""
+    return type(provider).account_limits is not Provider.account_limits
+
+
+def no_account_limits(provider: Provider) -> str:
+    """Why ``--rate auto`` cannot work with ``provider``, and what to do instead."""
+    return (f"--rate auto: the {provider.name} provider cannot report its account's limits; "
+            "give them with --rate (e.g. 200/s, 50000/d or 14/s,50000/d; see "
+            "docs/providers.md)")
 
 
 def refused_before_sending(exc: InvalidMessage) -> Outcome:

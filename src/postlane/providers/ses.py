@@ -62,6 +62,7 @@ from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.extras import requires
+from postlane.limiter.auto import AccountLimits
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
 from postlane.providers.mime import build_email, key_digest, sender_of
 from postlane.providers.options import ProviderURL, Secret
@@ -271,6 +272,26 @@ class SESProvider(Provider):
             return outcome_of_botocore_error(exc, sent=sent).at(progress.phase)
         message_id = answer.get("MessageId")
         return Outcome.accepted(message_id, f"MessageId {message_id}").at(Phase.RESPONSE)
+
+
+    async def account_limits(self) -> AccountLimits:
+        """SESv2 ``GetAccount``'s ``SendQuota``: MaxSendRate, Max24HourSend (-1: unlimited)
+        and SentLast24Hours. Raises what botocore raises: the caller decides (a start refuses,
+        a refresh keeps the last limits)."""
+        if self._client is None or self._executor is None:
+            await self.open()
+        assert self._client is not None
+        answer = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._client.get_account)
+        quota = answer.get("SendQuota") or {}
+        rate = quota.get("MaxSendRate")
+        daily = quota.get("Max24HourSend")
+        sent = quota.get("SentLast24Hours")
+        return AccountLimits(
+            max_send_rate=float(rate) if rate is not None and rate > 0 else None,
+            max_24h_send=int(daily) if daily is not None and daily > 0 else None,
+            sent_last_24h=int(sent) if sent is not None else None,
+        )
 
 
 def _send_email(progress: AttemptProgress, client: SESV2Client,

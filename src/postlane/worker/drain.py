@@ -59,6 +59,10 @@ async def _why_not_drained(worker: Worker, timeout_s: float) -> str:
                      f"({breaker_reason(record)})")
     if status.paused_lanes:
         parts.append(f"lanes paused: {', '.join(status.paused_lanes)}")
+    quota = worker.limiter.quota if worker.limiter is not None else None
+    if quota is not None:
+        parts.append(f"a daily quota of {quota.quota} may hold the rest until it refills "
+                     f"(bulk keeps {quota.reserve:.0%} of its burst for interactive mail)")
     if len(parts) == 1:
         parts.append("the provider keeps refusing or timing out (see the worker log)")
     return "; ".join(parts)

@@ -33,21 +33,26 @@ class Pacer:
         # One limiter poller per lane: without it every waiting batch polls the limiter at
         # each freed slot (a thundering herd of round trips per send).
         self._reserve_locks = {name: asyncio.Lock() for name in lanes}
+        self.quota_wait_s = {name: 0.0 for name in self._reserve_locks}
+        """Per lane, the wait of its last long denial: a daily quota's is not the gate's (0)."""
         self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
 
     async def reserve(self, lane: str, n: int) -> tuple[list[float], float] | None:
         """Send slots for up to ``n`` deliveries as (delays from now, uncertainty); None when
-        the gate stays shut for long. The limiter decided somewhere within the round trip, so a
-        slot counted from its answer may be late by up to that round trip: the uncertainty."""
+        the gate stays shut (or the daily quota refuses: ``quota_wait_s``) for long. The
+        limiter decided somewhere within the round trip, so a slot counted from its answer may
+        be late by up to that round trip: the uncertainty."""
         if self.limiter is None:
             return [0.0] * n, 0.0
         async with self._reserve_locks[lane]:
+            self.quota_wait_s[lane] = 0.0
             while True:
                 asked = self.clock.monotonic()
-                reservation = await self.limiter.reserve(n, self.horizon_s)
+                reservation = await self.limiter.reserve(n, self.horizon_s, lane)
                 if reservation.delays_s:
                     return reservation.delays_s, self.clock.monotonic() - asked
                 if reservation.retry_in_s > LONG_GATE_S:
+                    self.quota_wait_s[lane] = reservation.retry_in_s
                     return None
                 self.counters["limiter_waits"] += 1
                 await self.clock.sleep(reservation.retry_in_s)

@@ -386,12 +386,13 @@ class Worker:
                     break
                 reserved = await self.pacer.reserve(lane, len(to_send))
                 reserved_at = self.clock.monotonic()
-                if reserved is None:  # the gate is closed for long: give them back, unspent
-                    retry_in = await self.pacer.gate_remaining()
+                if reserved is None:  # no slot for long (gate, daily quota): give them back
+                    quota_wait = self.pacer.quota_wait_s[lane]  # before another batch resets it
+                    retry_in = max(await self.pacer.gate_remaining(), quota_wait)
                     for delivery in to_send:
                         pending.pop(delivery.id)
-                        self._release(delivery, "rate limit gate closed", delay_s=retry_in,
-                                      event="throttled")
+                        self._release(delivery, "rate limit gate closed or daily quota used",
+                                      delay_s=retry_in, event="throttled")
                     break
                 delays, uncertainty = reserved
                 group, to_send = to_send[:len(delays)], to_send[len(delays):]
@@ -422,7 +423,8 @@ class Worker:
                         uncertainty_s: float = 0.0) -> None:
         try:
             slot = await self.pacer.wait_for_slot(lane.name, delay_s, uncertainty_s)
-            gate = 0.0 if slot else await self.pacer.gate_remaining()
+            quota_wait = self.pacer.quota_wait_s[lane.name]
+            gate = 0.0 if slot else max(await self.pacer.gate_remaining(), quota_wait)
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
