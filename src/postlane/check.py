@@ -28,27 +28,29 @@ import asyncio
 import contextlib
 import math
 import os
-import sqlite3
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
 from postlane.core.rates import parse_limits
-from postlane.errors import ConfigurationError, MissingExtra, PostlaneError
-from postlane.extras import requires
+from postlane.core.redaction import redact_url
+from postlane.errors import (
+    ConfigurationError,
+    MissingExtra,
+    PostlaneError,
+    StoreError,
+    StoreUnavailable,
+)
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.registry import open_provider
-from postlane.store import open_store, plain_url, redact_url
-from postlane.store.migrations import MIGRATIONS_TABLE, load
-
-if TYPE_CHECKING:
-    import psycopg
+from postlane.store import open_store, plain_url
+from postlane.store.migrations import load
+from postlane.store.probe import probe_postgres, sqlite_applied
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -182,13 +184,11 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     if reached.failed or applied is None:
         return [reached]
     findings = [reached]
-    failures: tuple[type[Exception], ...] = (
-        PostlaneError, sqlite3.Error, TimeoutError, *_loaded_psycopg_error())
     try:
         async with asyncio.timeout(timeout_s * 2):
             async with open_store(url, pool_size=1) as store:
                 pending = await store.pending_migrations()
-    except failures as exc:
+    except (PostlaneError, TimeoutError) as exc:
         findings.append(Finding("migrations", "fail",
                                 f"could not read the schema version: {_one_line(exc)}"))
         return findings
@@ -219,55 +219,26 @@ async def check_database(url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> l
     return findings
 
 
-def _loaded_psycopg_error() -> tuple[type[Exception], ...]:
-    """psycopg's base error when psycopg is loaded (when it is not, none can arise)."""
-    psycopg = sys.modules.get("psycopg")
-    return (psycopg.Error,) if psycopg is not None else ()
-
-
 async def _postgres_applied(url: str, timeout_s: float) -> tuple[Finding, set[int] | None]:
     where = _pg_where(url)
     try:
-        with requires("postgres", "a PostgreSQL database"):
-            import psycopg
+        probe = await probe_postgres(url, timeout_s=timeout_s)
     except MissingExtra as exc:
         return Finding("database", "fail", str(exc)), None
-    try:
-        async with asyncio.timeout(timeout_s + 1):
-            conn = await psycopg.AsyncConnection.connect(
-                url, autocommit=True, connect_timeout=max(2, math.ceil(timeout_s)))
-    except (psycopg.Error, OSError, TimeoutError) as exc:
+    except StoreUnavailable as exc:
         return Finding(
             "database", "fail", f"cannot reach PostgreSQL at {where}: {_one_line(exc)}",
             "check host, port, database name and credentials, and that the server accepts "
             "this host (listen_addresses, pg_hba.conf, firewalls)",
         ), None
-    try:
-        async with conn:
-            version = await _scalar(conn, "SHOW server_version")
-            max_conn = await _scalar(conn, "SHOW max_connections")
-            in_use = await _scalar(conn, "SELECT count(*) FROM pg_stat_activity")
-            exists = await _scalar(conn, "SELECT to_regclass(%s) IS NOT NULL",
-                                   (MIGRATIONS_TABLE,))
-            applied: set[int] = set()
-            if exists:
-                cur = await conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")
-                applied = {int(row[0]) for row in await cur.fetchall()}
-    except psycopg.Error as exc:
+    except StoreError as exc:
         return Finding("database", "fail",
                        f"PostgreSQL at {where} answered with an error: {_one_line(exc)}"), None
     return Finding(
         "database", "ok",
-        f"PostgreSQL {version} reachable at {where} "
-        f"(max_connections {max_conn}, {in_use} in use)",
-    ), applied
-
-
-async def _scalar(conn: psycopg.AsyncConnection[Any], sql: str,
-                  params: tuple[Any, ...] = ()) -> Any:
-    cur = await conn.execute(sql, params)
-    row = await cur.fetchone()
-    return row[0] if row else None
+        f"PostgreSQL {probe.server_version} reachable at {where} "
+        f"(max_connections {probe.max_connections}, {probe.connections_in_use} in use)",
+    ), set(probe.applied)
 
 
 async def _sqlite_applied(url: str) -> tuple[Finding, set[int] | None]:
@@ -280,24 +251,12 @@ async def _sqlite_applied(url: str) -> tuple[Finding, set[int] | None]:
         return Finding("database", "fail",
                        f"the SQLite database {path} does not exist (nothing migrated it yet)",
                        f"run: postlane --db '{url}' migrate"), None
-
-    def _read() -> set[int]:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
-                                  "AND name = ?", (MIGRATIONS_TABLE,)).fetchone()
-            if not exists:
-                return set()
-            return {int(r[0]) for r in conn.execute(f"SELECT version FROM {MIGRATIONS_TABLE}")}
-        finally:
-            conn.close()
-
     try:
-        applied = await asyncio.to_thread(_read)
-    except sqlite3.Error as exc:
+        applied = await sqlite_applied(path)
+    except StoreError as exc:
         return Finding("database", "fail",
                        f"cannot read the SQLite database {path}: {_one_line(exc)}"), None
-    return Finding("database", "ok", f"SQLite database {path} readable"), applied
+    return Finding("database", "ok", f"SQLite database {path} readable"), set(applied)
 
 
 def _pg_where(url: str) -> str:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from postlane.core.records import DeadLetter, DeadLetterFilter
 from postlane.errors import ReplayRefused
-from postlane.store.base import DeadLetter, DeadLetterFilter, Store
+from postlane.store.roles import OperatorStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ def not_useful_because(entry: DeadLetter, now: datetime,
     return None
 
 
-async def replay_one(store: Store, delivery_id: int, *, by: str,
+async def replay_one(store: OperatorStore, delivery_id: int, *, by: str,
                      valid_for: timedelta | None = None,
                      now: datetime | None = None, dry_run: bool = False) -> DeadLetter:
     """Replay a single entry (the canary of a selection, or a one-off fix). ``dry_run``
@@ -70,7 +71,7 @@ async def replay_one(store: Store, delivery_id: int, *, by: str,
 
 
 async def replay_selection(
-    store: Store, selection: DeadLetterFilter, *, by: str, dry_run: bool = False,
+    store: OperatorStore, selection: DeadLetterFilter, *, by: str, dry_run: bool = False,
     valid_for: timedelta | None = None, limit: int = 1000, now: datetime | None = None,
 ) -> ReplayPlan:
     """Replay the rest of a selection once its canary has been sent."""
@@ -91,7 +92,7 @@ async def replay_selection(
     return ReplayPlan(sorted(replayed), expired, canary)
 
 
-async def _sent_canary(store: Store, selection: DeadLetterFilter) -> int:
+async def _sent_canary(store: OperatorStore, selection: DeadLetterFilter) -> int:
     tried = await store.list_dead_letters(
         replace(selection, replayed=True, include_closed=True), limit=1000
     )

@@ -27,10 +27,11 @@ from rich.live import Live
 from rich.table import Table
 
 from postlane.core.message import Message
+from postlane.core.records import Stats
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
-from postlane.store.base import Stats, Store
+from postlane.store.base import Store
 from postlane.worker import Worker, WorkerConfig
 
 

@@ -18,6 +18,8 @@
     ├── ConfigurationError        a bad URL, option or lane table
     ├── MissingExtra              a feature needs an optional package: pip install 'postlane[x]'
     ├── StoreError                the database said no in a way Postlane does not expect
+    │   ├── StoreUnavailable      it could not be reached, timed out or was busy: try later
+    │   ├── StoreConflict         a write met a unique key another writer holds
     │   └── MigrationRequired     the schema is older than this version of Postlane
     ├── UnsupportedConnection     enqueue() was handed a connection it cannot write through
     ├── KeyConflict               the key belongs to another producer, or to other content
@@ -27,6 +29,10 @@
 
 Errors that concern a *send* (retry, stop, or reconcile) are not exceptions: a provider
 adapter turns them into an outcome class, see ``postlane.core.outcomes``.
+
+Nothing above the store sees a database driver's exception: each engine translates
+psycopg's and sqlite3's at its seam (``postlane.store.seam``) into the ``StoreError``
+branch, the original kept as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -95,6 +101,18 @@ class MissingExtra(PostlaneError, ImportError):
 
 class StoreError(PostlaneError):
     """The store failed in a way the caller cannot fix by changing its input."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached, or gave up on the operation: a refused or dropped
+    connection, a pool or lock timeout, a busy SQLite file, a deadlock. Nothing Postlane
+    asked for was committed; the same call may succeed later (the API answers 503)."""
+
+
+class StoreConflict(StoreError):
+    """A write met a unique key that another writer holds (a row inserted concurrently).
+    The store's own operations absorb the conflicts they expect (an idempotency key
+    enqueued twice); this one they did not."""
 
 
 class MigrationRequired(StoreError):

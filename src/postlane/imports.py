@@ -7,7 +7,7 @@ again, or resuming it after a crash half-way, creates nothing twice: the keys ex
 
 Rows are streamed (the ``csv`` module over the file), rendered against one template version
 (the current one when the run starts), validated, and written in batches through
-``Store.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
+``TemplateStore.enqueue_many_if_template_usable`` (COPY on PostgreSQL); the import's counters are
 written in each batch's transaction. A bad row is skipped and reported with its line
 number; with ``strict`` the whole file is validated first and nothing is written if any
 row is bad. A row whose key another producer holds already (``KeyConflict``: the
@@ -32,13 +32,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import import_producer
+from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage, KeyConflict, PostlaneError
-from postlane.store.base import ImportCounts, ImportProgress, ImportRecord, Store
+from postlane.store.roles import FleetStore, ImportStore, TemplateStore
 from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 
@@ -70,6 +71,11 @@ FAILURE_LIMIT = 500
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""
+
+
+class ImportingStore(ImportStore, TemplateStore, FleetStore, Protocol):
+    """What an import uses: its runs' record, the template it renders and enqueues through,
+    and the controls that pause it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +144,7 @@ class _Lines:
 class _Rows:
     """Turns CSV rows into messages, or into problems."""
 
-    def __init__(self, store: Store, compiled: CompiledTemplate, header: list[str],
+    def __init__(self, store: ImportingStore, compiled: CompiledTemplate, header: list[str],
                  import_id: str, lane: str) -> None:
         self.store = store
         self.compiled = compiled
@@ -226,7 +232,7 @@ def _rows(lines: _Lines) -> Iterator[tuple[int, list[str]]]:
 
 
 async def import_csv(
-    store: Store, path: str | os.PathLike[str], *, template: str, import_id: str,
+    store: ImportingStore, path: str | os.PathLike[str], *, template: str, import_id: str,
     strict: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, lane: str = BULK_LANE,
     on_progress: Progress | None = None,
 ) -> ImportReport:
@@ -298,7 +304,7 @@ async def import_csv(
     return report
 
 
-async def _run(store: Store, path: str, report: ImportReport, compiled: CompiledTemplate,
+async def _run(store: ImportingStore, path: str, report: ImportReport, compiled: CompiledTemplate,
                import_id: str, lane: str, batch_size: int, total: int,
                on_progress: Progress | None) -> None:
     """Stream the file into the store (the run record is started; the caller closes it)."""
@@ -424,7 +430,7 @@ class ImportStatus:
         return data
 
 
-async def import_status(store: Store, import_id: str) -> ImportStatus | None:
+async def import_status(store: ImportingStore, import_id: str) -> ImportStatus | None:
     """The run record, delivery counts and pause state; None if nothing has that id."""
     record = await store.get_import(import_id)
     counts = await store.import_counts(import_id)
@@ -441,11 +447,11 @@ def failure_reason(value: Any) -> str:
     return str(value.get("reason", "failed")) if isinstance(value, dict) else "failed"
 
 
-async def pause(store: Store, import_id: str, *, by: str = "operator") -> None:
+async def pause(store: FleetStore, import_id: str, *, by: str = "operator") -> None:
     """Every worker stops claiming this import's deliveries within a second; nothing is
     deleted, and deliveries already claimed finish."""
     await pause_import(store, import_id, by=by)
 
 
-async def resume(store: Store, import_id: str) -> None:
+async def resume(store: FleetStore, import_id: str) -> None:
     await resume_import(store, import_id)

@@ -18,9 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from postlane.core.validation import redact_addresses
+from postlane.core.redaction import redact_addresses, redact_url
 from postlane.errors import ConfigurationError
-from postlane.store import redact_url
 
 LOG_FORMATS = ("text", "json")
 

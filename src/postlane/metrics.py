@@ -4,7 +4,7 @@ Two exporters, one naming scheme (``postlane_*``), each with its own ``Collector
 (nothing is registered on the process-global default registry):
 
 **The fleet's state** (``StoreCollector``; ``postlane serve`` serves it at ``/metrics``).
-Gauges computed at scrape time from ``Store.stats()`` and ``Store.get_controls()``:
+Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_controls()``:
 
 =========================================  ===================================================
 ``postlane_queue_depth{lane}``             pending + sending deliveries
@@ -73,7 +73,7 @@ from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.states import DeadReason, State
 from postlane.status import FleetStatus, fleet_status
-from postlane.store.base import Store
+from postlane.store.roles import FleetStore
 
 if TYPE_CHECKING:
     from postlane.core.policy import Decision
@@ -100,7 +100,7 @@ class FleetSampler:
     """Readings of the store kept in memory: the latest one (shared by the metrics scrape
     and the dashboard) and, per lane, depth and oldest age over the last ``window_s``."""
 
-    def __init__(self, store: Store, *, interval_s: float = 5.0, window_s: float = 3600.0,
+    def __init__(self, store: FleetStore, *, interval_s: float = 5.0, window_s: float = 3600.0,
                  max_age_s: float = 1.0) -> None:
         self.store = store
         self.interval_s = interval_s

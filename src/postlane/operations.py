@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from postlane.core.records import Transition
 from postlane.core.states import DeadReason, State
 from postlane.errors import PostlaneError
-from postlane.store.base import Store, Transition
+from postlane.store.roles import OperatorStore
 
 
 class OperationRefused(PostlaneError):
@@ -36,7 +37,7 @@ _RESOLVED: dict[Resolution, tuple[State, str, DeadReason | None]] = {
 }
 
 
-async def cancel(store: Store, delivery_id: int, *, by: str, reason: str = "") -> None:
+async def cancel(store: OperatorStore, delivery_id: int, *, by: str, reason: str = "") -> None:
     """Withdraw a pending (or ambiguous) delivery before it is sent."""
     if not await store.cancel(delivery_id, reason or f"cancelled by {by}"):
         raise OperationRefused(
@@ -44,7 +45,7 @@ async def cancel(store: Store, delivery_id: int, *, by: str, reason: str = "") -
 
 
 async def resolve(
-    store: Store, delivery_id: int, resolution: Resolution, *, by: str, note: str = "",
+    store: OperatorStore, delivery_id: int, resolution: Resolution, *, by: str, note: str = "",
     provider_message_id: str | None = None,
 ) -> None:
     """Settle an ambiguous delivery held for an operator (the lane's ``hold`` policy).

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
-from postlane.store.base import Control, Stats, Store
+from postlane.core.records import Control, Stats
+from postlane.store.roles import FleetStore
 from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
 
@@ -59,7 +60,7 @@ def breaker_reason(record: dict[str, Any]) -> str:
     return why
 
 
-async def fleet_status(store: Store) -> FleetStatus:
+async def fleet_status(store: FleetStore) -> FleetStatus:
     """Read the four numbers and the controls (five queries; see the module docstring)."""
     started = time.perf_counter()
     stats = await store.stats()

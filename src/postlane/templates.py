@@ -41,6 +41,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import concat
 
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
+from postlane.core.records import TemplateVersion
 from postlane.core.validation import check_subject, check_text
 from postlane.errors import (
     InvalidHeader,
@@ -50,7 +51,7 @@ from postlane.errors import (
     TemplateInUse,
     UnknownTemplate,
 )
-from postlane.store.base import Store, TemplateVersion
+from postlane.store.roles import TemplateStore
 
 __all__ = [
     "CompiledTemplate",
@@ -233,7 +234,8 @@ def require_usable(
 
 # -- managing templates ------------------------------------------------------------------
 async def add_template(
-    store: Store, name: str, *, subject: str, text: str | None = None, html: str | None = None
+    store: TemplateStore, name: str, *, subject: str, text: str | None = None,
+    html: str | None = None,
 ) -> TemplateVersion:
     """Store a new version of ``name`` (version 1 if it is new); its syntax is checked first."""
     check_name(name)
@@ -245,13 +247,13 @@ async def add_template(
     return await store.add_template_version(name, subject, text, html)
 
 
-async def deprecate_template(store: Store, name: str, deprecated: bool = True) -> None:
+async def deprecate_template(store: TemplateStore, name: str, deprecated: bool = True) -> None:
     """Refuse (or, with ``deprecated=False``, allow again) new enqueues from ``name``."""
     if not await store.set_template_deprecated(name, deprecated):
         raise UnknownTemplate(f"unknown template {name!r}", field="template_id")
 
 
-async def delete_template(store: Store, name: str) -> None:
+async def delete_template(store: TemplateStore, name: str) -> None:
     """Delete every version of ``name``; refused while deliveries reference it."""
     result = await store.delete_template_if_unreferenced(name)
     if not result.found:
@@ -267,7 +269,7 @@ async def delete_template(store: Store, name: str) -> None:
 
 # -- rendering and enqueueing through the store ------------------------------------------
 async def render_message(
-    store: Store, name: str, variables: Mapping[str, Any], *, key: str, to: str,
+    store: TemplateStore, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     version: int | None = None, **fields: Any,
 ) -> Message:
     """Render ``name`` (its current version, or ``version``) into a ``Message``.
@@ -281,7 +283,7 @@ async def render_message(
 
 
 async def enqueue_template(
-    store: Store, name: str, variables: Mapping[str, Any], *, key: str, to: str,
+    store: TemplateStore, name: str, variables: Mapping[str, Any], *, key: str, to: str,
     **fields: Any,
 ) -> EnqueueResult:
     """Render and enqueue in one step. The write re-checks, under a lock, that the template

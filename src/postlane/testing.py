@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,7 +38,7 @@ from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxProvider
 from postlane.store import DATABASE_URL_ENV, open_store
-from postlane.store.connections import deliveries_after, last_delivery_id
+from postlane.store.connections import deliveries_after, last_delivery_id, own_connection
 
 __all__ = ["Enqueued", "Outbox", "RecordingSandbox", "drain", "drain_async"]
 
@@ -113,16 +112,8 @@ class Outbox:
         """``read`` through ``conn``, or through a connection of its own (committed rows)."""
         if conn is not None:
             return read(conn)
-        if self.url.startswith("sqlite:"):
-            own = sqlite3.connect(self.url[len("sqlite:///"):])
-            try:
-                return read(own)
-            finally:
-                own.close()
-        import psycopg
-
-        with psycopg.connect(self.url, autocommit=True) as pg:
-            return read(pg)
+        with own_connection(self.url) as own:
+            return read(own)
 
     def _max_id(self) -> int:
         return self._with(None, last_delivery_id)

@@ -15,7 +15,7 @@ import logging
 import re
 from urllib.parse import quote, unquote_plus
 
-from postlane.core.validation import redact_address
+from postlane.core.redaction import redact_address
 
 ACCESS_LOGGERS = ("uvicorn.access",)
 

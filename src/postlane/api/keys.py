@@ -21,8 +21,9 @@ import hashlib
 import secrets
 from collections.abc import Iterable
 
+from postlane.core.records import ApiKey
 from postlane.errors import ConfigurationError
-from postlane.store.base import ApiKey, Store
+from postlane.store.roles import ApiKeyStore
 
 SCOPES = ("send", "read", "operate")
 TOKEN_PREFIX = "pl_"
@@ -48,7 +49,7 @@ def parse_scopes(scopes: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(s for s in SCOPES if s in found)
 
 
-async def create_key(store: Store, scopes: str | Iterable[str],
+async def create_key(store: ApiKeyStore, scopes: str | Iterable[str],
                      name: str = "") -> tuple[ApiKey, str]:
     """Create a key; returns it and its token (the only time the token exists in clear)."""
     granted = parse_scopes(scopes)
@@ -58,7 +59,7 @@ async def create_key(store: Store, scopes: str | Iterable[str],
     return key, token
 
 
-async def authenticate(store: Store, token: str) -> ApiKey | None:
+async def authenticate(store: ApiKeyStore, token: str) -> ApiKey | None:
     """The active key whose token this is, or None (unknown, malformed or revoked)."""
     token = token.strip()
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200:

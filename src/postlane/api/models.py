@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
+from postlane.core.records import DeadLetter, Event
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
-from postlane.store.base import DeadLetter, Event
 
 MAX_SECONDS = 10 * 365 * 86400.0
 """Longest duration accepted anywhere (ten years): beyond it a date no longer fits."""

@@ -26,6 +26,7 @@ from postlane.errors import (
     MigrationRequired,
     ReplayRefused,
     StoreError,
+    StoreUnavailable,
 )
 
 log = logging.getLogger("postlane.api")
@@ -181,18 +182,6 @@ def _location(loc: Iterable[Any]) -> str:
     return ".".join(parts)
 
 
-def _database_errors() -> tuple[type[Exception], ...]:
-    """Errors meaning the database is down or overloaded (not a bug): answered with 503."""
-    import sqlite3
-
-    try:
-        import psycopg
-        from psycopg_pool import PoolTimeout
-    except ImportError:  # a server on SQLite need not install postlane[postgres]
-        return (sqlite3.OperationalError,)
-    return (psycopg.OperationalError, PoolTimeout, sqlite3.OperationalError)
-
-
 def install(app: FastAPI) -> None:
     """Answer every error as problem details."""
 
@@ -241,18 +230,22 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
-        log.error("store error on %s %s: %s", request.method, request.url.path, exc)
+        where = f"{request.method} {request.url.path}"
+        driver = exc.__cause__
+        if isinstance(exc, StoreUnavailable) and driver is not None:
+            log.error("database error on %s: %s", where, exc)
+            return problem_response(503, TYPE_BASE + "store-unavailable", "Database unavailable",
+                                    f"the database did not answer: {type(driver).__name__}")
+        if driver is not None and not isinstance(exc, StoreUnavailable | MigrationRequired):
+            # The database refused in a way no operation expects (a bug, not an outage):
+            # answered as any unexpected error is, not as "try again later".
+            log.error("unexpected database error on %s", where, exc_info=exc)
+            return problem_response(500, TYPE_BASE + "internal", "Internal error",
+                                    f"an unexpected {type(driver).__name__}; see the server log")
+        log.error("store error on %s: %s", where, exc)
         title = ("Database not migrated" if isinstance(exc, MigrationRequired)
                  else "Database unavailable")
         return problem_response(503, TYPE_BASE + "store-unavailable", title, str(exc))
-
-    async def _database_down(request: Request, exc: Exception) -> JSONResponse:
-        log.error("database error on %s %s: %s", request.method, request.url.path, exc)
-        return problem_response(503, TYPE_BASE + "store-unavailable", "Database unavailable",
-                                f"the database did not answer: {type(exc).__name__}")
-
-    for error in _database_errors():
-        app.add_exception_handler(error, _database_down)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

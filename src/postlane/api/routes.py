@@ -39,10 +39,11 @@ from postlane.api.models import (
 from postlane.api.problems import FieldError, ProblemError, not_found, problem_responses
 from postlane.api.state import AppState, actor, app_state, get_store, require
 from postlane.api.submit import IdempotencyConflict, submit
+from postlane.core.records import ApiKey, DeadLetterFilter
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import KeyConflict
 from postlane.metrics import fleet_status
-from postlane.store.base import ApiKey, DeadLetterFilter, Store
+from postlane.store.base import Store
 from postlane.worker.controls import pause_lane, resume_lane
 
 

@@ -21,11 +21,11 @@ from postlane.api.models import Strict, Text
 from postlane.api.problems import ProblemError, not_found, problem_responses
 from postlane.api.routes import Operator, Reader, StoreDep, known_query_only
 from postlane.api.state import actor
+from postlane.core.records import TemplateVersion
 from postlane.errors import ImportRejected, UnknownTemplate
 from postlane.imports import ImportStatus, import_csv, import_status
 from postlane.imports import pause as pause_import
 from postlane.imports import resume as resume_import
-from postlane.store.base import TemplateVersion
 from postlane.templates import add_template, delete_template, deprecate_template
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(known_query_only)])

@@ -13,8 +13,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from postlane.api.keys import authenticate
 from postlane.api.problems import ProblemError, forbidden, unauthorized
 from postlane.api.sessions import Sessions
+from postlane.core.records import ApiKey
 from postlane.metrics import FleetSampler, StoreCollector
-from postlane.store.base import ApiKey, Store
+from postlane.store.base import Store
 from postlane.webhooks.sns_certificates import SnsCertificates
 
 

@@ -14,12 +14,15 @@ key the application will use, nor another client's.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from postlane.api.models import MessageIn
 from postlane.core.message import Delivery
 from postlane.core.producers import api_producer
+from postlane.core.records import ApiKey
 from postlane.core.validation import check_key
 from postlane.errors import PostlaneError, StoreError
-from postlane.store.base import ApiKey, Store
+from postlane.store.roles import OperatorStore, ProducerStore
 
 
 class IdempotencyConflict(PostlaneError):
@@ -30,7 +33,12 @@ class IdempotencyConflict(PostlaneError):
         self.delivery_id = delivery_id
 
 
-async def submit(store: Store, key: str, body: MessageIn,
+class SubmitStore(ProducerStore, OperatorStore, Protocol):
+    """What ``submit`` uses: the HTTP API's idempotent enqueue, and reading the delivery
+    back to answer with it."""
+
+
+async def submit(store: SubmitStore, key: str, body: MessageIn,
                  client: ApiKey) -> tuple[Delivery, bool]:
     """Enqueue ``body`` under ``key`` for ``client``; returns the delivery and whether this
     call created it.

@@ -9,8 +9,9 @@ import typer
 
 from postlane.api.keys import SCOPES, create_key
 from postlane.cli.shell import console, run_with_store, table, when
+from postlane.core.records import ApiKey
 from postlane.errors import ConfigurationError
-from postlane.store.base import ApiKey, Store
+from postlane.store.base import Store
 
 apikey = typer.Typer(help="API keys for the HTTP API and the dashboard (stored hashed).",
                      no_args_is_help=True, rich_markup_mode=None)

@@ -14,9 +14,10 @@ from rich.text import Text
 
 from postlane.cli.durations import duration_option
 from postlane.cli.shell import console, delivery_json, ids, run_with_store, table, when
-from postlane.core.validation import redact_address, redact_addresses
+from postlane.core.records import DeadLetter, DeadLetterFilter, Event
+from postlane.core.redaction import redact_address, redact_addresses
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
-from postlane.store.base import DeadLetter, DeadLetterFilter, Event, Store
+from postlane.store.base import Store
 
 dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
                   no_args_is_help=True, rich_markup_mode=None)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from postlane.cli.shell import console, err_console, run_with_store, table, when
+from postlane.core.records import Control, ImportRecord
 from postlane.errors import ImportRejected, PostlaneError
 from postlane.imports import (
     DEFAULT_BATCH_SIZE,
@@ -23,7 +24,7 @@ from postlane.imports import (
     pause,
     resume,
 )
-from postlane.store.base import Control, ImportRecord, Store
+from postlane.store.base import Store
 from postlane.worker.controls import IMPORT_PAUSE
 
 imports = typer.Typer(help="Bulk imports as an operator sees them: show, list, pause, resume.",

@@ -8,9 +8,11 @@ from typing import Annotated
 import typer
 
 from postlane.cli.shell import console, ids, run_with_store, table, when
-from postlane.core.validation import check_address, mask_address
+from postlane.core.records import Suppression
+from postlane.core.redaction import mask_address
+from postlane.core.validation import check_address
 from postlane.errors import InvalidAddress
-from postlane.store.base import Store, Suppression
+from postlane.store.base import Store
 
 suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
                        no_args_is_help=True, rich_markup_mode=None)

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from postlane.cli.shell import console, run_with_store, table, when
+from postlane.core.records import TemplateVersion
 from postlane.errors import UnknownTemplate
-from postlane.store.base import Store, TemplateVersion
+from postlane.store.base import Store
 from postlane.templates import add_template, delete_template, deprecate_template
 
 templates = typer.Typer(

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
-from postlane.core.validation import redact_addresses
+from postlane.core.redaction import redact_addresses
 
 CONTROL_PREFIX = "breaker:"
 CAUSE_LIMIT = 300

@@ -7,7 +7,6 @@ of as a dead letter an hour later.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -17,6 +16,9 @@ from typing import Any
 
 from postlane.core.addresses import ascii_domain, unicode_local_problem
 from postlane.core.message import EMAIL, Message
+from postlane.core.redaction import mask_address as mask_address  # re-exported
+from postlane.core.redaction import redact_address as redact_address  # re-exported
+from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
@@ -352,35 +354,3 @@ def check_storable(message: Message) -> None:
         if value is not None:
             check_text(value, field=field)
     check_metadata(message.metadata)
-
-
-def redact_address(address: str) -> str:
-    """``alice@example.com`` -> ``a***@example.com``: enough to correlate, not to leak."""
-    local, sep, domain = address.rpartition("@")
-    if not sep:
-        return "***" if len(address) < 4 else address[:2] + "***"
-    return f"{local[:1]}***@{domain}"
-
-
-_ADDRESS_IN_TEXT = re.compile(
-    r"[^\s<>()\[\]\"',;:=&?/]+(?:@|%40)[^\s<>()\[\]\"',;:&?/]+", re.IGNORECASE)
-
-
-def redact_addresses(text: str) -> str:
-    """Every address inside free text (a provider's answer, a log line, a URL's query with
-    ``%40``) redacted as by ``redact_address``: an SMTP 550 often quotes the recipient."""
-    return _ADDRESS_IN_TEXT.sub(
-        lambda m: redact_address(re.sub("%40", "@", m.group(0), flags=re.IGNORECASE)), text)
-
-
-def mask_address(address: str) -> str:
-    """``alice.smith@example.com`` -> ``al***@example.com #1c9e3f``: still redacted, yet two
-    entries of a list (``alice.smith``, ``alice.smyth``) can be told apart and matched
-    against an address the operator already knows (``suppress list --address``)."""
-    local, sep, domain = address.rpartition("@")
-    digest = hashlib.sha256(address.strip().lower().encode()).hexdigest()[:6]
-    if not sep:
-        return f"{redact_address(address)} #{digest}"
-    shown = local[:2] if len(local) > 4 else local[:1]
-    return f"{shown}***@{domain} #{digest}"
-

@@ -23,12 +23,13 @@ from postlane.api.keys import authenticate
 from postlane.api.models import DeadLetterOut, EventOut, MessageOut
 from postlane.api.sessions import COOKIE
 from postlane.api.state import AppState, actor, app_state
+from postlane.core.records import ApiKey, DeadLetterFilter
 from postlane.core.states import DeadReason
 from postlane.core.validation import text_problem
 from postlane.dashboard.charts import bars, human_seconds, sparkline
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import PostlaneError
-from postlane.store.base import ApiKey, DeadLetterFilter, Store
+from postlane.store.base import Store
 from postlane.worker.controls import pause_lane, resume_lane
 
 FLASH = "postlane_flash"

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from postlane.core.redaction import redact_url
 from postlane.errors import ConfigurationError
-from postlane.store import redact_url
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})

@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib
 from urllib.parse import parse_qs, urlsplit
 
+from postlane.core.redaction import redact_url
 from postlane.errors import ConfigurationError
 from postlane.providers.base import Provider
-from postlane.store import redact_url
 
 
 def open_provider(url: str) -> Provider:

@@ -1,13 +1,29 @@
-"""Storage engines behind one interface; ``open_store(url)`` picks one by URL scheme."""
+"""Storage engines behind one interface; ``open_store(url)`` picks one by URL scheme.
+
+``Store`` is what an engine implements; consumers name the roles they use
+(``WorkerStore``, ``OperatorStore``... see ``postlane.store.roles``)."""
 
 from __future__ import annotations
 
 import os
 from urllib.parse import urlsplit
 
+from postlane.core.records import Claim, RescueResult, Stats, Transition
+from postlane.core.redaction import redact_url
 from postlane.core.validation import Limits
 from postlane.errors import ConfigurationError
-from postlane.store.base import Claim, RescueResult, Stats, Store, Transition
+from postlane.store.base import Store
+from postlane.store.roles import (
+    ApiKeyStore,
+    FleetStore,
+    ImportStore,
+    OperatorStore,
+    ProducerStore,
+    ProviderEventStore,
+    StoreLifecycle,
+    TemplateStore,
+    WorkerStore,
+)
 
 DEFAULT_DATABASE_URL = "sqlite:///postlane.db"
 DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"
@@ -15,11 +31,20 @@ DATABASE_URL_ENV = "POSTLANE_DATABASE_URL"
 __all__ = [
     "DATABASE_URL_ENV",
     "DEFAULT_DATABASE_URL",
+    "ApiKeyStore",
     "Claim",
+    "FleetStore",
+    "ImportStore",
+    "OperatorStore",
+    "ProducerStore",
+    "ProviderEventStore",
     "RescueResult",
     "Stats",
     "Store",
+    "StoreLifecycle",
+    "TemplateStore",
     "Transition",
+    "WorkerStore",
     "database_url",
     "open_store",
     "plain_url",
@@ -71,12 +96,3 @@ def plain_url(url: str) -> str:
     engine = scheme.split("+", 1)[0].lower()
     engine = {"postgres": "postgresql"}.get(engine, engine)
     return f"{engine}://{rest}" if engine in ("postgresql", "sqlite") else url
-
-
-def redact_url(url: str) -> str:
-    """Hide the password of a URL so it can be printed or logged."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()

@@ -17,12 +17,13 @@ that names the form to use. No driver is imported unless the caller's object com
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.records import TemplateVersion
 from postlane.errors import UnsupportedConnection
-from postlane.store.base import TemplateVersion
 
 SUPPORTED = ("sqlite3, psycopg 3, psycopg2, asyncpg, SQLAlchemy (sync or async) or Django "
              "connections")
@@ -268,3 +269,19 @@ def last_delivery_id(conn: Any) -> int:
     finally:
         cur.close()
 
+
+@contextmanager
+def own_connection(url: str) -> Iterator[Any]:
+    """A sync connection of its own to the database at ``url`` (``sqlite:///path`` or
+    ``postgresql://``), autocommitting, for the readers above: it sees committed rows."""
+    if url.startswith("sqlite:"):
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        yield pg

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from postlane.core.records import ProviderEvent
 from postlane.core.validation import json_problem
-from postlane.store.base import ProviderEvent, Store
+from postlane.store.roles import ProviderEventStore
 from postlane.webhooks.signatures import (
     WebhookMalformed,
     WebhookRejected,
@@ -74,7 +75,7 @@ class WebhookConfig:
         return tuple(self.secrets.get(provider, ()))
 
 
-async def receive(store: Store, provider: str, headers: Mapping[str, str], body: bytes,
+async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str, str], body: bytes,
                   config: WebhookConfig | None = None) -> WebhookResult:
     """Verify and record one webhook request; raises ``WebhookRejected`` (-> 401),
     ``WebhookMalformed`` (-> 400) for a payload that cannot be read or stored, or

@@ -13,15 +13,16 @@ import asyncio
 import logging
 from collections import Counter
 
+from postlane.core.records import Claim, Transition
 from postlane.core.states import State
-from postlane.store.base import Claim, Store, Transition
+from postlane.store.roles import WorkerStore
 from postlane.worker.clock import Clock
 
 log = logging.getLogger("postlane.worker")
 
 
 class Acker:
-    def __init__(self, store: Store, owner: str, held: dict[int, Claim],
+    def __init__(self, store: WorkerStore, owner: str, held: dict[int, Claim],
                  counters: Counter[str], *, batch_size: int, interval_s: float,
                  clock: Clock) -> None:
         self.store = store

@@ -31,14 +31,15 @@ from postlane.core.breaker import (
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
 from postlane.core.policy import Decision
+from postlane.core.records import Control
 from postlane.core.states import State
-from postlane.store.base import Control, Store
+from postlane.store.roles import FleetStore
 
 log = logging.getLogger("postlane.breaker")
 
 
 class FleetBreaker:
-    def __init__(self, store: Store, account: str, owner: str, config: BreakerConfig,
+    def __init__(self, store: FleetStore, account: str, owner: str, config: BreakerConfig,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.name = CONTROL_PREFIX + account

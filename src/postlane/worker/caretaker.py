@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from postlane.store.base import Store
+from postlane.store.roles import WorkerStore
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.clock import Clock
 from postlane.worker.controls import FleetControls
@@ -23,7 +23,7 @@ log = logging.getLogger("postlane.worker")
 
 class Caretaker:
     def __init__(
-        self, store: Store, *, controls: FleetControls, breaker: FleetBreaker, account: str,
+        self, store: WorkerStore, *, controls: FleetControls, breaker: FleetBreaker, account: str,
         reconciler: Reconciler, rescue_interval_s: float, interval_s: float,
         drain: Callable[[], Awaitable[bool]] | None, wake: Callable[[], None], clock: Clock,
     ) -> None:

@@ -7,32 +7,33 @@ takes effect on every host within a second. A pause stops claims; it never delet
 from __future__ import annotations
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
-from postlane.store.base import Control, Store
+from postlane.core.records import Control
+from postlane.store.roles import FleetStore
 
 LANE_PAUSE = "pause:lane:"
 IMPORT_PAUSE = "pause:import:"
 
 
-async def pause_lane(store: Store, lane: str, *, by: str = "operator") -> None:
+async def pause_lane(store: FleetStore, lane: str, *, by: str = "operator") -> None:
     await store.set_control(LANE_PAUSE + lane, {"by": by})
 
 
-async def resume_lane(store: Store, lane: str) -> None:
+async def resume_lane(store: FleetStore, lane: str) -> None:
     await store.set_control(LANE_PAUSE + lane, None)
 
 
-async def pause_import(store: Store, import_id: str, *, by: str = "operator") -> None:
+async def pause_import(store: FleetStore, import_id: str, *, by: str = "operator") -> None:
     await store.set_control(IMPORT_PAUSE + import_id, {"by": by})
 
 
-async def resume_import(store: Store, import_id: str) -> None:
+async def resume_import(store: FleetStore, import_id: str) -> None:
     await store.set_control(IMPORT_PAUSE + import_id, None)
 
 
 class FleetControls:
     """The worker's copy of the control table, refreshed by its caretaker."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: FleetStore) -> None:
         self.store = store
         self._controls: dict[str, Control] = {}
         self.paused_lanes: frozenset[str] = frozenset()

@@ -17,9 +17,10 @@ from postlane.core.lanes import LaneConfig
 from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import ProviderTraits, effective_expiry
+from postlane.core.records import Transition
 from postlane.core.states import DeadReason, State
 from postlane.providers.base import Provider
-from postlane.store.base import Store, Transition
+from postlane.store.roles import WorkerStore
 
 log = logging.getLogger("postlane.worker")
 
@@ -28,7 +29,7 @@ BATCH = 100
 
 
 class Reconciler:
-    def __init__(self, store: Store, provider: Provider, traits: ProviderTraits,
+    def __init__(self, store: WorkerStore, provider: Provider, traits: ProviderTraits,
                  lanes: Mapping[str, LaneConfig], wake: Callable[[], None]) -> None:
         self.store = store
         self.provider = provider

@@ -49,11 +49,12 @@ from postlane.core.policy import (
     expire_if_useless,
     handler_error,
 )
+from postlane.core.records import Claim, Transition
 from postlane.core.states import DeadReason, State
 from postlane.core.validation import redact_address
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
-from postlane.store.base import Claim, Store, Transition
+from postlane.store.roles import WorkerStore
 from postlane.worker.acker import Acker
 from postlane.worker.attempt import Attempt
 from postlane.worker.breaker import FleetBreaker
@@ -122,7 +123,7 @@ def make_owner() -> str:
 class Worker:
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         provider: Provider,
         *,
         limiter: RateLimiter | None = None,

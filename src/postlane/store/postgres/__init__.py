@@ -7,8 +7,10 @@ state, lease owner and claim number; lease times come from the database clock (`
 from __future__ import annotations
 
 from postlane.extras import requires
+from postlane.store.seam import translated
 
 with requires("postgres", "a PostgreSQL database"):
+    from postlane.store.postgres._base import postgres_errors
     from postlane.store.postgres._claims import ClaimsMixin
     from postlane.store.postgres._http_api import HttpApiMixin
     from postlane.store.postgres._operating import OperatingMixin
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 
+@translated(postgres_errors)
 class PostgresStore(
     ProducingMixin,
     ClaimsMixin,

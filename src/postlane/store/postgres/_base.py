@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -18,7 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
-from postlane.errors import StoreError
+from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, Store
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
@@ -44,6 +44,29 @@ def _json_loads(data: bytes | str) -> Any:
         return {}
     text = data.decode() if isinstance(data, bytes) else data
     return _JSON.raw_decode(text)[0]
+
+
+@contextlib.contextmanager
+def postgres_errors() -> Iterator[None]:
+    """psycopg's exceptions as Postlane's, around every operation (``store.seam``).
+
+    An ``OperationalError`` is the database not answering as asked: a refused or dropped
+    connection, the pool's timeout (``PoolTimeout`` is one), a statement or lock timeout,
+    a deadlock, the server shutting down; the caller may try again. A unique violation
+    the operation did not absorb is a conflict; anything else is a ``StoreError``."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        raise StoreConflict(f"PostgreSQL: {_first_line(exc)}") from exc
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"PostgreSQL: {_first_line(exc) or type(exc).__name__}"
+                               ) from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"PostgreSQL: {_first_line(exc) or type(exc).__name__}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().split("\n", 1)[0]
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -83,12 +106,12 @@ class PostgresBase(Store):
         try:
             probe = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
         await probe.close()
         try:
             await self._pool.open(wait=True, timeout=10)
         except psycopg.OperationalError as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+            raise StoreUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
 
     async def close(self) -> None:
         if self._listener is not None:

@@ -9,8 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 from postlane.core.message import Delivery
+from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
-from postlane.store.base import Claim, RescueResult, Transition, bound_response
 from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _deliveries
 
 _CLAIM = f"""

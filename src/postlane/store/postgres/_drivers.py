@@ -21,8 +21,9 @@ from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import APPLICATION, Held, check_held, first_by_key, held_from_row
+from postlane.core.records import TemplateVersion
 from postlane.errors import StoreError
-from postlane.store.base import TemplateVersion, enqueue_results, json_text
+from postlane.store.base import enqueue_results, json_text
 from postlane.store.postgres._producing import (
     _RESERVE_IDS,
     _ROW_COLS,

@@ -10,16 +10,9 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import Delivery
+from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
 from postlane.core.states import State
-from postlane.store.base import (
-    DEAD_LETTER_COLUMNS,
-    Control,
-    DeadLetter,
-    DeadLetterFilter,
-    Event,
-    LaneStats,
-    Stats,
-)
+from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
@@ -155,7 +148,8 @@ class OperatingMixin(PostgresBase):
     async def list_dead_letters(
         self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
     ) -> list[DeadLetter]:
-        where, params = selection.where(lambda name: f"%({name})s", lambda when: when)
+        where, params = dead_letter_conditions(selection, lambda name: f"%({name})s",
+                                               lambda when: when)
         return await self._dead_letters(where, params, limit)
 
     async def _dead_letters(self, where: str, params: dict[str, Any],

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import Delivery
-from postlane.store.base import (
+from postlane.core.records import (
     STATUS_RANK,
     ProviderEvent,
     ProviderEventResult,

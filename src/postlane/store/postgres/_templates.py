@@ -9,11 +9,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.validation import validate
-from postlane.errors import TemplateDeprecated, UnknownTemplate
-from postlane.store.base import (
-    IMPORT_COLUMNS,
-    TEMPLATE_REFERENCE_CONDITION,
+from postlane.core.records import (
     ImportCounts,
     ImportProgress,
     ImportRecord,
@@ -22,6 +18,9 @@ from postlane.store.base import (
     check_template_id,
     import_counts_from_rows,
 )
+from postlane.core.validation import validate
+from postlane.errors import TemplateDeprecated, UnknownTemplate
+from postlane.store.base import IMPORT_COLUMNS, TEMPLATE_REFERENCE_CONDITION
 from postlane.store.postgres._base import PostgresBase
 from postlane.store.postgres._producing import enqueue_many_on_connection
 

@@ -7,7 +7,8 @@ seconds computed by SQLite itself (the database clock). Calls run on one thread 
 
 from __future__ import annotations
 
-from postlane.store.sqlite._base import NOW, SQLiteBase, connect
+from postlane.store.seam import translated
+from postlane.store.sqlite._base import NOW, SQLiteBase, connect, sqlite_errors
 from postlane.store.sqlite._claims import ClaimsMixin
 from postlane.store.sqlite._http_api import HttpApiMixin
 from postlane.store.sqlite._operating import OperatingMixin
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 
+@translated(sqlite_errors)
 class SQLiteStore(
     ProducingMixin,
     ClaimsMixin,

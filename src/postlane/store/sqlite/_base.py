@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
-from postlane.errors import StoreError
+from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, Store
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
@@ -36,6 +36,26 @@ _INSERT_EVENT = (
     f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
     f"VALUES (?, {NOW}, ?, ?, ?)"
 )
+
+
+@contextmanager
+def sqlite_errors() -> Iterator[None]:
+    """sqlite3's exceptions as Postlane's, around every operation (``store.seam``).
+
+    An ``OperationalError`` is the file not answering as asked: locked past the busy
+    timeout, unreadable, on a full or failing disk (and a schema not migrated: "no such
+    table"); a unique constraint the operation did not absorb is a conflict; anything else
+    is a ``StoreError``."""
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        if "UNIQUE" in str(exc):
+            raise StoreConflict(f"SQLite: {exc}") from exc
+        raise StoreError(f"SQLite: {exc}") from exc
+    except sqlite3.OperationalError as exc:
+        raise StoreUnavailable(f"SQLite: {exc}") from exc
+    except sqlite3.Error as exc:
+        raise StoreError(f"SQLite: {exc or type(exc).__name__}") from exc
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -66,7 +86,8 @@ class SQLiteBase(Store):
             try:
                 self._conn = connect(self.path)
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+                raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {exc}"
+                                       ) from exc
         await self._run(_open)
 
     async def close(self) -> None:

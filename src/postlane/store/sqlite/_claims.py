@@ -9,8 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 from postlane.core.message import Delivery
+from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
-from postlane.store.base import DELIVERY_COLUMNS, Claim, RescueResult, Transition, bound_response
+from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.sqlite._base import (
     _COLS,
     _INSERT_EVENT,

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
+from postlane.core.records import ApiKey
 from postlane.core.validation import validate
-from postlane.store.base import ApiKey
 from postlane.store.sqlite._base import NOW, SQLiteBase, _dt, _opt_dt
 from postlane.store.sqlite._producing import insert_one
 

@@ -10,17 +10,9 @@ from datetime import timedelta
 from typing import Any
 
 from postlane.core.message import Delivery
+from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
 from postlane.core.states import State
-from postlane.store.base import (
-    DEAD_LETTER_COLUMNS,
-    Control,
-    DeadLetter,
-    DeadLetterFilter,
-    Event,
-    LaneStats,
-    Stats,
-    find_conditions,
-)
+from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, find_conditions
 from postlane.store.sqlite._base import (
     _COLS,
     _INSERT_EVENT,
@@ -104,7 +96,8 @@ class OperatingMixin(SQLiteBase):
     async def list_dead_letters(
         self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
     ) -> list[DeadLetter]:
-        where, params = selection.where(lambda name: f":{name}", lambda when: when.timestamp())
+        where, params = dead_letter_conditions(selection, lambda name: f":{name}",
+                                               lambda when: when.timestamp())
         return await self._run(self._dead_letters, where, params, limit)
 
     def _dead_letters(self, where: str, params: dict[str, Any],

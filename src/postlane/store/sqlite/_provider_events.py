@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 
 from postlane.core.message import Delivery
-from postlane.store.base import (
+from postlane.core.records import (
     STATUS_RANK,
     ProviderEvent,
     ProviderEventResult,

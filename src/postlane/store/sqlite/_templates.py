@@ -7,11 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
-from postlane.core.validation import validate
-from postlane.errors import TemplateDeprecated, UnknownTemplate
-from postlane.store.base import (
-    IMPORT_COLUMNS,
-    TEMPLATE_REFERENCE_CONDITION,
+from postlane.core.records import (
     ImportCounts,
     ImportProgress,
     ImportRecord,
@@ -20,6 +16,9 @@ from postlane.store.base import (
     check_template_id,
     import_counts_from_rows,
 )
+from postlane.core.validation import validate
+from postlane.errors import TemplateDeprecated, UnknownTemplate
+from postlane.store.base import IMPORT_COLUMNS, TEMPLATE_REFERENCE_CONDITION
 from postlane.store.sqlite._base import NOW, SQLiteBase, _dt, _opt_dt
 from postlane.store.sqlite._producing import insert_many
 

@@ -1,0 +1,371 @@
+"""The store's roles: each consumer names the part of the store it uses.
+
+``Store`` (``store.base``) is their union and every engine implements it whole; a consumer
+takes the narrowest role that does its job, so a reader sees at the signature what it may
+do to the database (the worker cannot replay a dead letter, the webhook receiver can only
+record events) and a test double implements one role, not fifty operations. Each role says
+who uses it. Operations are named for what they guard; the records they take and return
+are in ``postlane.core.records``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.records import (
+    ApiKey,
+    Claim,
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    Event,
+    ImportCounts,
+    ImportProgress,
+    ImportRecord,
+    ProviderEvent,
+    ProviderEventResult,
+    RescueResult,
+    Stats,
+    Suppression,
+    TemplateDeletion,
+    TemplateVersion,
+    Transition,
+)
+from postlane.core.validation import Limits
+
+
+class StoreLifecycle(Protocol):
+    """Opening, closing and the schema. Used by whoever owns a store's life, not its traffic:
+    the CLI's commands, the API's lifespan, ``postlane check``, Django's
+    ``postlane_migrate``."""
+
+    engine: str
+    """``postgres`` or ``sqlite``."""
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the names applied (empty when up to date)."""
+
+    @abc.abstractmethod
+    async def pending_migrations(self) -> list[str]: ...
+
+
+class ProducerStore(Protocol):
+    """Writing deliveries, each in its own transaction. Used by ``postlane enqueue``, the
+    demo and the HTTP API's ``POST /v1/messages`` (``api.submit``). The outbox form, inside
+    the application's transaction, is ``postlane.enqueue`` (``store.connections``), not a
+    store."""
+
+    limits: Limits
+    """What ``validate`` holds each message to before it is written."""
+
+    @abc.abstractmethod
+    async def enqueue(self, message: Message) -> EnqueueResult:
+        """Write one delivery in its own transaction (the outbox form is ``postlane.enqueue``)."""
+
+    @abc.abstractmethod
+    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+        """Write many deliveries in one transaction; existing keys are returned, not re-created."""
+
+    @abc.abstractmethod
+    async def enqueue_request(
+        self, message: Message, request_hash: str, producer: str
+    ) -> tuple[EnqueueResult, str | None]:
+        """``enqueue`` for an HTTP request by ``producer`` (``apikey:<id>``): a new delivery
+        keeps ``request_hash`` (the hash of the request's canonical body), written in the
+        same transaction. Returns the result and the hash kept with the delivery: this one
+        when created, the first request's when this producer wrote the key before. A key
+        written by another producer raises ``KeyConflict``; content is not compared here
+        (the caller compares the request hashes)."""
+
+
+class FleetStore(Protocol):
+    """What every process of a deployment shares: the controls (lane and import pauses, the
+    breakers' states) and the four numbers. Used by the worker's breaker and pauses
+    (``worker.breaker``, ``worker.controls``), ``postlane status`` (``status``), the
+    metrics sampler (``metrics``), and, through ``WorkerStore`` and ``OperatorStore``, by
+    the worker and the operators."""
+
+    @abc.abstractmethod
+    async def get_controls(self) -> dict[str, Control]:
+        """Every control row (lane and import pauses, breaker states), by name."""
+
+    @abc.abstractmethod
+    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        """Write (or, with ``None``, delete) a control unconditionally."""
+
+    @abc.abstractmethod
+    async def compare_and_set_control(
+        self, name: str, expected_version: int | None, value: Mapping[str, Any]
+    ) -> bool:
+        """Write ``value`` only if the row is still at ``expected_version`` (``None``: absent)."""
+
+    @abc.abstractmethod
+    async def stats(self) -> Stats: ...
+
+
+class WorkerStore(FleetStore, Protocol):
+    """The worker's path, every operation guarded so a worker moves only the deliveries it
+    holds (River-style: claim, start, renew, set state if sending, rescue, reconcile). Used
+    by ``postlane.worker`` and its collaborators (the runner, the lease keeper, the
+    rescuer, the reconciler) and nothing else."""
+
+    @abc.abstractmethod
+    async def claim_batch(
+        self, lane: str, limit: int, owner: str, lease: timedelta,
+        exclude_imports: Sequence[str] = (),
+    ) -> list[Delivery]:
+        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
+        skipping those of paused imports. A row that cannot be read back comes as an
+        ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
+        fails the batch (see ``postlane.store.unreadable``)."""
+
+    @abc.abstractmethod
+    async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
+        """Record, durably and before the request leaves, that these attempts started.
+
+        Returns the ids whose lease is still live and held by ``owner``; only those may be
+        sent. This mark is what lets the rescuer tell "never attempted" from "maybe sent".
+        """
+
+    @abc.abstractmethod
+    async def renew_leases(
+        self, owner: str, claims: Sequence[Claim], lease: timedelta
+    ) -> set[int]:
+        """Extend live leases held by ``owner``; returns the ids still held."""
+
+    @abc.abstractmethod
+    async def set_state_if_sending_many(
+        self, owner: str, transitions: Sequence[Transition]
+    ) -> set[int]:
+        """Apply outcomes in one transaction, each guarded by state, owner and claim number.
+
+        Returns the ids applied. A transition to ``dead`` or ``expired`` also writes the
+        dead-letter entry (reason ``expired`` is routed apart: there is nothing to fix).
+        """
+
+    @abc.abstractmethod
+    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+        """Resolve ambiguous deliveries (reconciled as sent, requeued, or dead), guarded by
+        state and claim number so two reconcilers cannot both act on one."""
+
+    @abc.abstractmethod
+    async def list_ambiguous(
+        self, limit: int = 100, lanes: Sequence[str] | None = None
+    ) -> list[Delivery]:
+        """Ambiguous deliveries (of ``lanes``, default all), oldest first, for reconciliation."""
+
+    @abc.abstractmethod
+    async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...
+
+    @abc.abstractmethod
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when new work may have arrived (NOTIFY on PostgreSQL) or after ``timeout``."""
+
+    @abc.abstractmethod
+    async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
+        """Which of these deliveries go to a suppressed address (id -> reason)."""
+
+
+class OperatorStore(FleetStore, Protocol):
+    """Reading deliveries and acting on them by hand: timelines and search, dead letters
+    (triage, replay, discard), cancel, resolve an ambiguous delivery, prune, and the
+    suppression list. Used by ``postlane.dead_letters``, the CLI's ``dlq``, ``cancel``,
+    ``resolve``, ``prune`` and ``suppress`` commands, the API's message and dead-letter
+    routes, and the dashboard."""
+
+    @abc.abstractmethod
+    async def get(self, id_or_key: int | str) -> Delivery | None: ...
+
+    @abc.abstractmethod
+    async def timeline(self, delivery_id: int) -> list[Event]: ...
+
+    @abc.abstractmethod
+    async def find_deliveries(
+        self, *, key: str | None = None, recipient: str | None = None,
+        import_id: str | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        """Deliveries by idempotency key, recipient or import, newest first."""
+
+    @abc.abstractmethod
+    async def dead_letter(self, delivery_id: int) -> DeadLetter | None: ...
+
+    @abc.abstractmethod
+    async def list_dead_letters(
+        self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters matching ``selection``, oldest first."""
+
+    @abc.abstractmethod
+    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
+        """Send these dead deliveries again: same row, same key, same rendered content, a fresh
+        attempt budget. Guarded: only entries whose delivery is still dead or expired and that
+        are not discarded. Marks each entry replayed (when, by whom, how often)."""
+
+    @abc.abstractmethod
+    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        """Close an open entry without sending; it stays for the record until retention."""
+
+    @abc.abstractmethod
+    async def cancel(self, delivery_id: int, reason: str = "") -> bool:
+        """Withdraw a pending (or ambiguous) delivery; False when it is past that."""
+
+    @abc.abstractmethod
+    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+        """``postlane resolve``: the operator settles an ambiguous delivery by hand, through
+        the same guarded operation as the worker's reconciler (``WorkerStore``)."""
+
+    @abc.abstractmethod
+    async def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
+        """Delete finished deliveries (and their timeline) older than the given ages."""
+
+    @abc.abstractmethod
+    async def suppress(self, address: str, stream: str, reason: str,
+                       delivery_id: int | None = None) -> bool:
+        """Add an address to the suppression list; False if it was already there."""
+
+    @abc.abstractmethod
+    async def unsuppress(self, address: str, stream: str | None = None) -> int:
+        """Lift a suppression (every stream when ``stream`` is None); returns rows removed."""
+
+    @abc.abstractmethod
+    async def list_suppressions(self, address: str | None = None,
+                                limit: int = 100) -> list[Suppression]: ...
+
+    @abc.abstractmethod
+    async def requeue_suppressed(self, address: str) -> list[int]:
+        """After a suppression was lifted: send the deliveries it stopped (same key)."""
+
+
+class TemplateStore(Protocol):
+    """Template versions, and enqueues rendered from one (checked and locked against delete
+    and deprecate in the same transaction). Used by ``postlane.templates``, the CLI's
+    ``templates`` commands, the API's template routes and ``postlane.imports``."""
+
+    limits: Limits
+
+    @abc.abstractmethod
+    async def add_template_version(
+        self, name: str, subject: str, text: str | None, html: str | None
+    ) -> TemplateVersion:
+        """Store the next version of template ``name`` (version 1 creates it). Versions are
+        immutable; a name deleted earlier continues its numbering, never reuses it."""
+
+    @abc.abstractmethod
+    async def get_template(self, name: str, version: int | None = None) -> TemplateVersion | None:
+        """One version of ``name`` (default: the latest); None if unknown or deleted."""
+
+    @abc.abstractmethod
+    async def list_templates(self) -> list[TemplateVersion]:
+        """The latest version of every template that is not deleted, by name."""
+
+    @abc.abstractmethod
+    async def set_template_deprecated(self, name: str, deprecated: bool = True) -> bool:
+        """Stop (or allow again) new enqueues from ``name``; False if it does not exist."""
+
+    @abc.abstractmethod
+    async def count_template_references(self, name: str) -> int:
+        """Deliveries of ``name`` that may still be sent (pending, sending, ambiguous) or
+        replayed (dead or expired with an open dead letter)."""
+
+    @abc.abstractmethod
+    async def delete_template_if_unreferenced(self, name: str) -> TemplateDeletion:
+        """Delete every version of ``name`` unless deliveries still reference it (counted as
+        in ``count_template_references``, under a lock that keeps enqueues out meanwhile)."""
+
+    @abc.abstractmethod
+    async def enqueue_many_if_template_usable(
+        self, template: str, messages: Sequence[Message],
+        progress: ImportProgress | None = None, *, validated: bool = False,
+        producer: str | None = None,
+    ) -> list[EnqueueResult]:
+        """``enqueue_many`` of messages rendered from ``template``, in one transaction that
+        first checks (and locks against delete and deprecate) that the template exists and is
+        not deprecated; raises ``UnknownTemplate`` or ``TemplateDeprecated`` otherwise.
+
+        With ``progress``, the import's counters are written in the same transaction:
+        read, enqueued and skipped as given; created grows by the rows this call created.
+        ``validated``: the caller already ran ``validate`` on each message with this store's
+        limits (the import does, to skip bad rows), so it is not run twice.
+        ``producer``: who writes (None: the application; ``import:<id>`` for an import);
+        a key held by another producer or for other content raises ``KeyConflict``.
+        """
+
+
+class ImportStore(Protocol):
+    """The record of bulk-import runs and what became of their deliveries. Used by
+    ``postlane.imports`` (with ``TemplateStore``: an import renders a template), the CLI's
+    ``import`` commands, the API's import routes and the dashboard."""
+
+    @abc.abstractmethod
+    async def start_import(
+        self, import_id: str, template: str, template_version: int, file_name: str, lane: str
+    ) -> ImportRecord | None:
+        """Record a run of an import (a first run, a re-run or a resume): counters reset,
+        ``runs`` + 1. None when ``import_id`` already belongs to another template."""
+
+    @abc.abstractmethod
+    async def finish_import(self, progress: ImportProgress) -> None:
+        """Write the run's final counters (created as counted so far) and its end time."""
+
+    @abc.abstractmethod
+    async def get_import(self, import_id: str) -> ImportRecord | None: ...
+
+    @abc.abstractmethod
+    async def list_imports(self, limit: int = 100) -> list[ImportRecord]:
+        """Imports, most recently started first."""
+
+    @abc.abstractmethod
+    async def import_counts(self, import_id: str) -> ImportCounts:
+        """What became of an import's deliveries, for the operator's four questions."""
+
+
+class ApiKeyStore(Protocol):
+    """The HTTP API's keys, kept as hashes. Used by ``api.keys`` (authentication), the CLI's
+    ``apikey`` commands and the dashboard's sign-in."""
+
+    @abc.abstractmethod
+    async def create_api_key(
+        self, name: str, prefix: str, token_hash: str, scopes: Sequence[str]
+    ) -> ApiKey:
+        """Store a new key; only the hash of its token is kept."""
+
+    @abc.abstractmethod
+    async def get_api_key(
+        self, *, key_id: int | None = None, token_hash: str | None = None
+    ) -> ApiKey | None:
+        """A key by id or by the hash of its token, revoked or not."""
+
+    @abc.abstractmethod
+    async def list_api_keys(self) -> list[ApiKey]:
+        """Every key, revoked ones included, oldest first."""
+
+    @abc.abstractmethod
+    async def revoke_api_key(self, key_id: int) -> bool:
+        """Revoke an active key; False when no active key has that id."""
+
+    @abc.abstractmethod
+    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        """End the dashboard sessions of a key issued before ``before`` (unix seconds):
+        signing out. False when no key has that id."""
+
+
+class ProviderEventStore(Protocol):
+    """Delivery events a provider reports by webhook (delivered, bounced, complained...),
+    each processed once. Used by ``postlane.webhooks`` only."""
+
+    @abc.abstractmethod
+    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
+        """Process a provider event once: attach it to its delivery (by provider message id)
+        in the timeline, move the provider status only forward, and suppress the address on
+        a hard bounce or a complaint."""
