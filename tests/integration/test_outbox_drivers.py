@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import psycopg
 import psycopg2
@@ -374,6 +375,30 @@ async def test_templates_through_psycopg2_and_asyncpg(pg_store: Store) -> None:
         assert d is not None
         assert (d.subject, d.text, d.template_id, d.template_version) == (
             f"Hi {name}", f"Hello {name}", "welcome", 1)
+
+
+async def test_templates_and_a_bare_connection_on_aiosqlite(sqlite_store: Store) -> None:
+    """The template form reads the version through the caller's AsyncSession; a bare
+    aiosqlite connection (no SQLAlchemy) is refused by name, nothing written."""
+    await sqlite_store.add_template_version("welcome", "Hi {{ name }}", "Hello {{ name }}",
+                                            None)
+    url = store_url(sqlite_store).replace("sqlite://", "sqlite+aiosqlite://", 1)
+    engine = create_async_engine(url)
+    async with AsyncSession(engine) as session:
+        r = await enqueue_template_in_transaction_async(
+            session, "welcome", {"name": "Bo"}, key="t:1", to="bo@example.com")
+        await session.commit()
+    await engine.dispose()
+    d = await sqlite_store.get(r.key)
+    assert d is not None and r.created
+    assert (d.subject, d.text, d.template_id, d.template_version) == (
+        "Hi Bo", "Hello Bo", "welcome", 1)
+    async with aiosqlite.connect(sqlite_store.path) as bare:  # type: ignore[attr-defined]
+        with pytest.raises(UnsupportedConnection, match="bare aiosqlite.*AsyncSession"):
+            await postlane.enqueue_async(bare, msg("k"))
+        with pytest.raises(UnsupportedConnection, match="bare aiosqlite"):
+            await postlane.enqueue_many_async(bare, [msg("k")])
+    assert await sqlite_store.get("k") is None
 
 
 # -- the wrong pairing ---------------------------------------------------------------------
