@@ -394,7 +394,7 @@ async def test_templates_and_a_bare_connection_on_aiosqlite(sqlite_store: Store)
     assert (d.subject, d.text, d.template_id, d.template_version) == (
         "Hi Bo", "Hello Bo", "welcome", 1)
     async with aiosqlite.connect(sqlite_store.path) as bare:  # type: ignore[attr-defined]
-        with pytest.raises(UnsupportedConnection, match="bare aiosqlite.*AsyncSession"):
+        with pytest.raises(UnsupportedConnection, match=r"bare aiosqlite.*AsyncSession"):
             await postlane.enqueue_async(bare, msg("k"))
         with pytest.raises(UnsupportedConnection, match="bare aiosqlite"):
             await postlane.enqueue_many_async(bare, [msg("k")])
