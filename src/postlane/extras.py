@@ -27,6 +27,7 @@ EXTRAS: dict[str, frozenset[str]] = {
     "django": frozenset({"django"}),
     "psycopg2": frozenset({"psycopg2"}),
     "asyncpg": frozenset({"asyncpg"}),
+    "aiosqlite": frozenset({"aiosqlite"}),
     "testing": frozenset({"pytest"}),
 }
 """extra -> the top-level modules it installs (the keys of pyproject's optional-dependencies;

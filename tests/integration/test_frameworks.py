@@ -1,8 +1,8 @@
 """The outbox from the web frameworks users run, each as its own small app: a request writes
 a business row and its email together, and a failing request rolls both back together.
 
-- FastAPI with an async SQLAlchemy ``AsyncSession`` dependency, over asyncpg and over
-  psycopg 3;
+- FastAPI with an async SQLAlchemy ``AsyncSession`` dependency, over asyncpg, over
+  psycopg 3 and over aiosqlite (SQLite);
 - Flask with Flask-SQLAlchemy's ``db.session``, on PostgreSQL (psycopg2) and on SQLite.
 (Django: test_django.py.)
 """
@@ -69,25 +69,35 @@ def fastapi_app(url: str) -> FastAPI:
     return app
 
 
-@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
-async def test_fastapi_async_session(pg_store: Store, driver: str) -> None:
-    url = pg_store.url.replace("postgresql://", f"postgresql+{driver}://", 1)  # type: ignore[attr-defined]
+@pytest.fixture(params=["asyncpg", "psycopg", "aiosqlite"])
+def async_target(request: pytest.FixtureRequest) -> tuple[Store, str]:
+    """A migrated store and the SQLAlchemy async URL of its database over one driver."""
+    if request.param == "aiosqlite":
+        store: Store = request.getfixturevalue("sqlite_store")
+        return store, f"sqlite+aiosqlite:///{store.path}"  # type: ignore[attr-defined]
+    store = request.getfixturevalue("pg_store")
+    return store, store.url.replace(  # type: ignore[attr-defined]
+        "postgresql://", f"postgresql+{request.param}://", 1)
+
+
+async def test_fastapi_async_session(async_target: tuple[Store, str]) -> None:
+    store, url = async_target
     app = fastapi_app(url)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://app") as client:
         failed = await client.post("/signup", json={"id": 1, "email": "ada@example.com",
                                                     "fail": True})
         assert failed.status_code == 409
-        assert await pg_store.get("welcome:1") is None
-        assert await accounts(pg_store) == []
+        assert await store.get("welcome:1") is None
+        assert await accounts(store) == []
 
         ok = await client.post("/signup", json={"id": 2, "email": "bo@example.com"})
         assert ok.status_code == 200
     await app.state.engine.dispose()
-    d = await pg_store.get("welcome:2")
+    d = await store.get("welcome:2")
     assert d is not None and d.id == ok.json()["delivery"] and d.recipient == "bo@example.com"
-    assert await accounts(pg_store) == [2]
-    assert (await pg_store.stats()).states["pending"] == 1
+    assert await accounts(store) == [2]
+    assert (await store.stats()).states["pending"] == 1
 
 
 # -- Flask + Flask-SQLAlchemy --------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The outbox's guarantees on every other driver and wrapper users hold: psycopg2, asyncpg,
-SQLAlchemy's async forms (over asyncpg and over psycopg 3), and Flask-SQLAlchemy's
+SQLAlchemy's async forms (over asyncpg, over psycopg 3 and over aiosqlite), and Flask-SQLAlchemy's
 ``scoped_session``. Each runs the same conformance set as the psycopg 3 tests of
 test_outbox.py: a rollback leaves nothing, a commit leaves the delivery and its event, the
 same key returns the existing delivery with ``created=False``, nothing commits on its own
@@ -14,15 +14,23 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import psycopg
 import psycopg2
 import pytest
-from conftest import msg
+from conftest import msg, store_url
 from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import scoped_session, sessionmaker
-from test_outbox import _wait_until_blocked, accounts, assert_committed, assert_nothing, pg_store
+from test_outbox import (
+    _wait_until_blocked,
+    accounts,
+    assert_committed,
+    assert_nothing,
+    pg_store,
+    sqlite_store,
+)
 
 import postlane
 from postlane import EnqueueResult, KeyConflict, Message, UnsupportedConnection
@@ -32,13 +40,15 @@ from postlane.templates import (
     enqueue_template_in_transaction_async,
 )
 
-assert pg_store  # the fixture, imported for this module's tests
+assert pg_store and sqlite_store  # the fixtures, imported for this module's tests
 
 INSERT_ACCOUNT = "INSERT INTO accounts VALUES (1, 'alice@example.com')"
 
 
 class Tx:
     """One transaction through one driver, driven the same way whatever the driver."""
+
+    database = "postgres"  # which store the driver writes to
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -114,7 +124,8 @@ class AsyncSessionTx(Tx):
 
     async def open(self) -> None:
         self.engine = create_async_engine(
-            self.url.replace("postgresql://", f"postgresql+{self.driver}://", 1))
+            self.url.replace("postgresql://", f"postgresql+{self.driver}://", 1)
+            .replace("sqlite://", f"sqlite+{self.driver}://", 1))
         self.session = AsyncSession(self.engine)
 
     async def execute(self, sql: str) -> None:
@@ -162,6 +173,16 @@ class AsyncConnectionTx(AsyncSessionTx):
         await self.engine.dispose()
 
 
+class AsyncSessionAiosqliteTx(AsyncSessionTx):
+    database = "sqlite"
+    driver = "aiosqlite"
+
+
+class AsyncConnectionAiosqliteTx(AsyncConnectionTx):
+    database = "sqlite"
+    driver = "aiosqlite"
+
+
 class ScopedSessionTx(Tx):
     """A ``scoped_session`` over psycopg2, which Flask-SQLAlchemy's ``db.session`` is."""
 
@@ -194,29 +215,44 @@ DRIVERS: dict[str, type[Tx]] = {
     "sqlalchemy-async-psycopg": AsyncSessionPsycopgTx,
     "sqlalchemy-asyncconnection-asyncpg": AsyncConnectionTx,
     "scoped-session-psycopg2": ScopedSessionTx,
+    "sqlalchemy-async-aiosqlite": AsyncSessionAiosqliteTx,
+    "sqlalchemy-asyncconnection-aiosqlite": AsyncConnectionAiosqliteTx,
 }
 
 
 @pytest.fixture(params=sorted(DRIVERS))
-def tx(request: pytest.FixtureRequest, pg_store: Store) -> Callable[[], Any]:
+def driver(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db(request: pytest.FixtureRequest, driver: str) -> Store:
+    """The migrated store on the engine the driver under test writes to."""
+    name = "sqlite_store" if DRIVERS[driver].database == "sqlite" else "pg_store"
+    store: Store = request.getfixturevalue(name)
+    return store
+
+
+@pytest.fixture
+def tx(driver: str, db: Store) -> Callable[[], Any]:
     """Opens a new transaction through the driver under test."""
-    kind = DRIVERS[request.param]
+    kind = DRIVERS[driver]
 
     async def open_tx() -> Tx:
-        t = kind(pg_store.url)  # type: ignore[attr-defined]
+        t = kind(store_url(db))
         await t.open()
         return t
     return open_tx
 
 
-async def test_rollback_leaves_nothing_commit_leaves_one(pg_store: Store,
+async def test_rollback_leaves_nothing_commit_leaves_one(db: Store,
                                                          tx: Callable[[], Any]) -> None:
     t = await tx()
     await t.execute(INSERT_ACCOUNT)
     r = await t.enqueue(msg("welcome:1"))
     assert r.created
     await t.end(commit=False)
-    await assert_nothing(pg_store, "welcome:1")
+    await assert_nothing(db, "welcome:1")
 
     t = await tx()
     # The enqueue first: it must join the transaction, not commit on its own.
@@ -224,34 +260,34 @@ async def test_rollback_leaves_nothing_commit_leaves_one(pg_store: Store,
     again = await t.enqueue(msg("welcome:1", metadata={"retry": 1}))  # content the same
     assert (again.id, again.created) == (r.id, False)
     await t.execute(INSERT_ACCOUNT)
-    assert await pg_store.get("welcome:1") is None  # invisible before the commit
+    assert await db.get("welcome:1") is None  # invisible before the commit
     await t.end(commit=True)
-    await assert_committed(pg_store, r, [1])
-    d = await pg_store.get("welcome:1")
+    await assert_committed(db, r, [1])
+    d = await db.get("welcome:1")
     assert d is not None and d.subject == "Reset your password"
 
 
-async def test_enqueue_first_then_rollback_leaves_nothing(pg_store: Store,
+async def test_enqueue_first_then_rollback_leaves_nothing(db: Store,
                                                           tx: Callable[[], Any]) -> None:
     t = await tx()
     await t.enqueue(msg("first:1"))
     await t.enqueue_many([msg("first:2")])
     await t.execute(INSERT_ACCOUNT)
     await t.end(commit=False)
-    await assert_nothing(pg_store, "first:1")
-    assert await pg_store.get("first:2") is None
+    await assert_nothing(db, "first:1")
+    assert await db.get("first:2") is None
 
 
-async def test_enqueue_many(pg_store: Store, tx: Callable[[], Any]) -> None:
-    existing = await pg_store.enqueue(msg("x:0"))
+async def test_enqueue_many(db: Store, tx: Callable[[], Any]) -> None:
+    existing = await db.enqueue(msg("x:0"))
     x2 = msg("x:2", lane="bulk", headers={"X-Campaign": "7"}, metadata={"user": 2})
     batch = [msg("x:1"), x2, msg("x:1"), msg("x:0"), msg("x:3")]
     t = await tx()
     await t.execute(INSERT_ACCOUNT)
     await t.enqueue_many(batch)
     await t.end(commit=False)
-    assert await pg_store.get("x:1") is None
-    assert await accounts(pg_store) == []
+    assert await db.get("x:1") is None
+    assert await accounts(db) == []
 
     t = await tx()
     await t.execute(INSERT_ACCOUNT)
@@ -265,13 +301,13 @@ async def test_enqueue_many(pg_store: Store, tx: Callable[[], Any]) -> None:
     assert results[0].id < results[1].id < results[4].id  # ids in input order
     assert [(r.key, r.created) for r in more] == [("x:4", True), ("x:2", False)]
     assert more[1].id == results[1].id
-    assert (await pg_store.stats()).states["pending"] == 5
-    d = await pg_store.get("x:2")
+    assert (await db.stats()).states["pending"] == 5
+    d = await db.get("x:2")
     assert d is not None
     assert (d.lane, d.headers, d.metadata) == ("bulk", {"X-Campaign": "7"}, {"user": 2})
     for r in (*results, *more):
-        assert [e.kind for e in await pg_store.timeline(r.id)] == ["enqueued"]
-    assert await accounts(pg_store) == [1]
+        assert [e.kind for e in await db.timeline(r.id)] == ["enqueued"]
+    assert await accounts(db) == [1]
 
 
 @pytest.mark.parametrize("driver", ["psycopg2", "asyncpg"])
@@ -299,12 +335,12 @@ async def test_same_key_in_two_transactions(pg_store: Store, driver: str,
 
 
 async def test_a_key_an_api_client_wrote_is_a_conflict_on_every_driver(
-        pg_store: Store, tx: Callable[[], Any]) -> None:
+        db: Store, tx: Callable[[], Any]) -> None:
     """A key belongs to its producer: no driver answers the application with a delivery an
     HTTP API client wrote, nor with one of its own for other content."""
-    await pg_store.enqueue_request(msg("reset:4242", to="mallory@example.net"), "hash",
+    await db.enqueue_request(msg("reset:4242", to="mallory@example.net"), "hash",
                                    "apikey:1")
-    mine = await pg_store.enqueue(msg("welcome:1"))
+    mine = await db.enqueue(msg("welcome:1"))
     for attempt in (lambda t: t.enqueue(msg("reset:4242")),
                     lambda t: t.enqueue_many([msg("other:1"), msg("reset:4242")]),
                     lambda t: t.enqueue(msg("welcome:1", subject="other")),
@@ -316,8 +352,8 @@ async def test_a_key_an_api_client_wrote_is_a_conflict_on_every_driver(
     t = await tx()
     assert (await t.enqueue(msg("welcome:1"))).id == mine.id  # a retry of its own
     await t.end(commit=True)
-    assert await pg_store.get("other:1") is None
-    planted = await pg_store.get("reset:4242")
+    assert await db.get("other:1") is None
+    planted = await db.get("reset:4242")
     assert planted is not None and planted.recipient == "mallory@example.net"
 
 
@@ -339,6 +375,30 @@ async def test_templates_through_psycopg2_and_asyncpg(pg_store: Store) -> None:
         assert d is not None
         assert (d.subject, d.text, d.template_id, d.template_version) == (
             f"Hi {name}", f"Hello {name}", "welcome", 1)
+
+
+async def test_templates_and_a_bare_connection_on_aiosqlite(sqlite_store: Store) -> None:
+    """The template form reads the version through the caller's AsyncSession; a bare
+    aiosqlite connection (no SQLAlchemy) is refused by name, nothing written."""
+    await sqlite_store.add_template_version("welcome", "Hi {{ name }}", "Hello {{ name }}",
+                                            None)
+    url = store_url(sqlite_store).replace("sqlite://", "sqlite+aiosqlite://", 1)
+    engine = create_async_engine(url)
+    async with AsyncSession(engine) as session:
+        r = await enqueue_template_in_transaction_async(
+            session, "welcome", {"name": "Bo"}, key="t:1", to="bo@example.com")
+        await session.commit()
+    await engine.dispose()
+    d = await sqlite_store.get(r.key)
+    assert d is not None and r.created
+    assert (d.subject, d.text, d.template_id, d.template_version) == (
+        "Hi Bo", "Hello Bo", "welcome", 1)
+    async with aiosqlite.connect(sqlite_store.path) as bare:  # type: ignore[attr-defined]
+        with pytest.raises(UnsupportedConnection, match=r"bare aiosqlite.*AsyncSession"):
+            await postlane.enqueue_async(bare, msg("k"))
+        with pytest.raises(UnsupportedConnection, match="bare aiosqlite"):
+            await postlane.enqueue_many_async(bare, [msg("k")])
+    assert await sqlite_store.get("k") is None
 
 
 # -- the wrong pairing ---------------------------------------------------------------------
@@ -383,7 +443,7 @@ async def test_sync_connections_refused_by_enqueue_async(pg_store: Store) -> Non
         await postlane.enqueue_async(object(), msg("k"))
 
 
-async def test_times_are_the_databases_and_fields_round_trip(pg_store: Store,
+async def test_times_are_the_databases_and_fields_round_trip(db: Store,
                                                               tx: Callable[[], Any]) -> None:
     """Delay and validity windows count from the transaction's ``now()`` (as on psycopg 3),
     an absolute expiry is kept as given, on the single and the bulk form."""
@@ -396,13 +456,13 @@ async def test_times_are_the_databases_and_fields_round_trip(pg_store: Store,
     await t.enqueue_many([msg("many:window", **windowed), msg("many:until", expires_at=until)])
     await t.end(commit=True)
     for form in ("one", "many"):
-        d = await pg_store.get(f"{form}:window")
+        d = await db.get(f"{form}:window")
         assert d is not None
         assert d.run_at - d.created_at == timedelta(seconds=60)
         assert d.expires_at is not None
         assert d.expires_at - d.created_at == timedelta(hours=1)
         assert (d.sender, d.html, d.metadata) == ("shop@example.com", "<p>Hi</p>", {"a": [1]})
-        d = await pg_store.get(f"{form}:until")
+        d = await db.get(f"{form}:until")
         assert d is not None and d.expires_at == until and d.run_at == d.created_at
 
 

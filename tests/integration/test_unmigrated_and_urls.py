@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import msg
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import postlane
 from postlane import MigrationRequired, open_store
@@ -43,6 +44,16 @@ async def test_psycopg_async_enqueue_on_an_unmigrated_database(fresh_pg_url: str
         await conn.rollback()
         with pytest.raises(MigrationRequired, match=NOT_MIGRATED):
             await postlane.enqueue_many_async(conn, [msg("k1"), msg("k2")])
+
+
+async def test_aiosqlite_enqueue_on_an_unmigrated_database(tmp_path: Path) -> None:
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'app.db'}")
+    async with AsyncSession(engine) as session:
+        with pytest.raises(MigrationRequired, match=NOT_MIGRATED):
+            await postlane.enqueue_async(session, msg("k1"))
+        with pytest.raises(MigrationRequired, match=NOT_MIGRATED):
+            await postlane.enqueue_many_async(session, [msg("k1"), msg("k2")])
+    await engine.dispose()
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "postgres"])

@@ -8,7 +8,7 @@ forms ask here, nothing else looks at a caller's connection):
   ``AsyncConnection``, ``AsyncSession`` and ``async_scoped_session``; Django's
   ``django.db.connection`` (or ``connections[alias]``);
 - drivers: ``sqlite3`` and psycopg 3 sync and psycopg2 (for ``enqueue``), psycopg 3 async
-  and asyncpg (for ``enqueue_async``).
+  and asyncpg (for ``enqueue_async``), and aiosqlite under SQLAlchemy's async forms.
 
 A sync connection handed to the async form, or the reverse, is an ``UnsupportedConnection``
 that names the form to use. No driver is imported unless the caller's object comes from it.
@@ -19,14 +19,14 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.records import TemplateVersion
 from postlane.errors import UnsupportedConnection
 
-SUPPORTED = ("sqlite3, psycopg 3, psycopg2, asyncpg, SQLAlchemy (sync or async) or Django "
-             "connections")
+SUPPORTED = ("sqlite3, psycopg 3, psycopg2, asyncpg, SQLAlchemy (sync or async, the async "
+             "forms over asyncpg, psycopg 3 or aiosqlite) or Django connections")
 
 
 class SyncWriter(Protocol):
@@ -140,6 +140,43 @@ class _Psycopg2:
         return psycopg2_template(self.conn, name, version)
 
 
+class _AioSQLite:
+    """SQLAlchemy's AsyncConnection over aiosqlite. aiosqlite runs a sqlite3 connection in
+    its own thread and has no public way to run blocking code there, so the SQLite path's
+    own functions run inside ``run_sync``: SQLAlchemy's adapted DB-API connection takes
+    sqlite3's calls (``execute``, ``cursor``) and awaits each on aiosqlite's thread. One
+    copy of the SQL, the same key-ownership checks, in the caller's transaction."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    @staticmethod
+    def _dbapi(sync_connection: Any) -> sqlite3.Connection:
+        # Not a sqlite3.Connection but speaks its subset that _producing uses.
+        return cast(sqlite3.Connection, sync_connection.connection.dbapi_connection)
+
+    async def insert_one(self, message: Message) -> EnqueueResult:
+        from postlane.store.sqlite._producing import insert_one
+
+        result: EnqueueResult = await self.connection.run_sync(
+            lambda sync: insert_one(self._dbapi(sync), message))
+        return result
+
+    async def insert_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+        from postlane.store.sqlite._producing import insert_many
+
+        results: list[EnqueueResult] = await self.connection.run_sync(
+            lambda sync: insert_many(self._dbapi(sync), messages))
+        return results
+
+    async def template(self, name: str, version: int | None) -> TemplateVersion | None:
+        from postlane.store.sqlite import SQLiteStore
+
+        found: TemplateVersion | None = await self.connection.run_sync(
+            lambda sync: SQLiteStore.template_on_connection(self._dbapi(sync), name, version))
+        return found
+
+
 class _PsycopgAsync:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -210,7 +247,10 @@ async def async_writer(conn: Any) -> AsyncWriter:
 
     Through SQLAlchemy over asyncpg the driver's transaction begins only at SQLAlchemy's
     first statement: if the enqueue comes first, one ``SELECT 1`` through SQLAlchemy
-    begins it, so the enqueue never commits on its own.
+    begins it, so the enqueue never commits on its own. Over aiosqlite an AsyncConnection
+    not yet in a transaction is begun the same way: otherwise sqlite3's implicit BEGIN
+    would hold a transaction SQLAlchemy's ``commit()`` does not know of (and the pool's
+    reset on return would roll the message back).
     """
     raw = conn
     if _is_async_sqlalchemy(conn):
@@ -222,6 +262,12 @@ async def async_writer(conn: Any) -> AsyncWriter:
             from sqlalchemy import text
 
             await connection.execute(text("SELECT 1"))
+        if _module(raw).startswith("aiosqlite"):
+            if not connection.in_transaction():
+                from sqlalchemy import text
+
+                await connection.execute(text("SELECT 1"))
+            return _AioSQLite(connection)
     module = _module(raw)
     if module.startswith("asyncpg"):
         import asyncpg
@@ -235,12 +281,16 @@ async def async_writer(conn: Any) -> AsyncWriter:
     if _is_async_sqlalchemy(conn):
         raise UnsupportedConnection(
             f"cannot enqueue_async through {_name(raw)} under SQLAlchemy: its async "
-            "forms work over asyncpg and psycopg 3")
+            "forms work over asyncpg, psycopg 3 and aiosqlite")
     if _module(conn).startswith(("sqlite3", "psycopg", "sqlalchemy", "django")):
         raise UnsupportedConnection(
             f"{_name(conn)} is sync: use `postlane.enqueue(...)` (enqueue_async takes "
             "psycopg 3 AsyncConnection, asyncpg, or SQLAlchemy's AsyncConnection / "
-            "AsyncSession)")
+            "AsyncSession over asyncpg, psycopg 3 or aiosqlite)")
+    if _module(conn).startswith("aiosqlite"):
+        raise UnsupportedConnection(
+            f"cannot enqueue_async through a bare {_name(conn)}: pass it as SQLAlchemy's "
+            "AsyncConnection or AsyncSession (sqlite+aiosqlite://...)")
     raise UnsupportedConnection(f"cannot enqueue_async through {_name(conn)}; pass {SUPPORTED}")
 
 

@@ -131,7 +131,8 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
     created = dict((key, id_) for id_, key in conn.execute(
         _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages]),
                        "producer": producer}))
-    conn.executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
+    # Through a cursor: SQLAlchemy's adapted aiosqlite connection has no executemany.
+    conn.cursor().executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
                                      for id_ in created.values()])
     existing: dict[str, int] = {}
     missing = [key for key in first if key not in created]
