@@ -122,6 +122,22 @@ async def test_deadline_is_hard_even_when_the_send_ignores_cancellation(
     assert provider.handed_over == 0
 
 
+@pytest.mark.parametrize(("phase", "kind"), [(Phase.CONNECT, X), (Phase.RESPONSE, Y)])
+async def test_the_deadline_runs_on_the_injected_clock(phase: Phase, kind: OutcomeClass) -> None:
+    """A 30 s deadline and a send that never ends: decided without waiting in real time,
+    after exactly the deadline and the cancel grace on the worker's clock."""
+    from tests.clock import FakeClock
+
+    clock = FakeClock()
+    provider = Scripted(phase, stubborn=True)
+    async with asyncio.timeout(5):  # real time: a wall-clock deadline would blow this
+        outcome = await Attempt(provider, delivery(), 30.0, clock=clock).run()
+    assert (outcome.kind, outcome.phase) == (kind, phase)
+    assert "no answer within 30s" in (outcome.response or "")
+    assert clock.sleeps == [30.0, 0.05]
+    provider.release.set()
+
+
 async def test_a_reply_after_the_deadline_is_ignored() -> None:
     """A stubborn send that gets its 250 after the deadline changes nothing: the outcome is
     the deadline's (here: it had passed the point, so ambiguous, never accepted)."""
