@@ -138,7 +138,20 @@ def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
         for part in msg.walk():  # the email package stamps one on every part it adds
             if part is not msg:
                 del part["MIME-Version"]
+    _stable_boundaries(msg, delivery)
     return msg
+
+
+def _stable_boundaries(msg: EmailMessage, delivery: Delivery) -> None:
+    """Boundaries derived from the key, so every attempt and replay sends the same bytes
+    (the email package draws random ones). Parts are base64 or quoted-printable, where the
+    boundary's ``=_`` cannot occur; the text bodies are searched for it all the same."""
+    bodies = (delivery.text or "") + (delivery.html or "")
+    stem = f"=_postlane_{key_digest(delivery.key)[:24]}"
+    for n, part in enumerate(p for p in msg.walk() if p.is_multipart()):
+        boundary = f"{stem}_{n}"
+        if boundary not in bodies:
+            part.set_boundary(boundary)
 
 
 def json_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, str | None]]:
