@@ -22,6 +22,7 @@ from postlane.core.redaction import redact_address as redact_address  # re-expor
 from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
 from postlane.errors import (
     ContentTooLarge,
+    InvalidAttachment,
     InvalidAddress,
     InvalidHeader,
     InvalidKey,
@@ -227,7 +228,7 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
         )
     if message.attachments:
         if message.channel != EMAIL:
-            raise InvalidMessage("only an email carries attachments", field="attachments")
+            raise InvalidAttachment("only an email carries attachments", field="attachments")
         check_attachments(message.attachments, message.html, limits.attachments)
 
 

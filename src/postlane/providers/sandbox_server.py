@@ -89,8 +89,8 @@ def create_app(engine: SandboxEngine) -> FastAPI:
         found = engine.lookup(key)
         if found is None:
             return JSONResponse({"error": "unknown key"}, 404)
-        return JSONResponse({"id": found, "key": key,
-                             "attachments": engine.attachments.get(key, [])})
+        parts = engine.attachments.get(key)
+        return JSONResponse({"id": found, "key": key, **({"attachments": parts} if parts else {})})
 
     @app.get("/sandbox/stats")
     async def stats() -> dict[str, Any]:
