@@ -137,7 +137,7 @@ async def test_over_a_size_limit_is_refused_at_enqueue_and_nothing_is_stored(
 
 
 async def test_an_inline_part_the_html_never_names_is_refused(store: Store) -> None:
-    with pytest.raises(InvalidAttachment, match="never names cid:logo@example.org"):
+    with pytest.raises(InvalidAttachment, match=r"never names cid:logo@example\.org"):
         await store.enqueue(receipt(html="<p>no image</p>"))
     assert await store.get("receipt:42") is None
 

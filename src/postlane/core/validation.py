@@ -22,8 +22,8 @@ from postlane.core.redaction import redact_address as redact_address  # re-expor
 from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
 from postlane.errors import (
     ContentTooLarge,
-    InvalidAttachment,
     InvalidAddress,
+    InvalidAttachment,
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
