@@ -177,3 +177,27 @@ def test_a_unicode_local_part_in_reply_to_is_refused_where_the_transport_cannot_
         wire_reply_to("анна@пример.рф", utf8=False, transport="this transport cannot")
     assert wire_reply_to("анна@пример.рф", utf8=True, transport="t") == (
         "анна@xn--e1afmkfd.xn--p1ai")
+
+
+def test_the_demo_receipt_carries_a_well_formed_pdf() -> None:
+    """The cross-reference table a PDF reader starts from points at each object."""
+    import re
+
+    from postlane.demo import receipt, receipt_pdf
+
+    pdf = receipt_pdf("4202", "19.90 EUR")
+    assert pdf.startswith(b"%PDF-1.4\n") and pdf.endswith(b"%%EOF\n")
+    start = int(re.findall(rb"startxref\n(\d+)", pdf)[-1])
+    assert pdf[start:].startswith(b"xref\n0 6\n")
+    offsets = [int(o) for o in re.findall(rb"(\d{10}) 00000 n \n", pdf)]
+    assert len(offsets) == 5
+    for number, offset in enumerate(offsets, start=1):
+        assert pdf[offset:].startswith(f"{number} 0 obj\n".encode())
+    length = int(re.findall(rb"/Length (\d+)", pdf)[0])
+    stream = pdf.split(b"stream\n", 1)[1].split(b"\nendstream", 1)[0]
+    assert len(stream) == length and b"(Receipt 4202)" in stream
+    message = receipt("receipt:2", "user2@example.com", order="4202")
+    validate(message)
+    (part,) = message.attachments
+    assert (part.filename, part.content_type, part.content) == (
+        "receipt-4202.pdf", "application/pdf", receipt_pdf("4202", "19.90 EUR"))
