@@ -283,6 +283,9 @@ class DeadLetterDetail(DeadLetterOut):
     attempt_history: list[dict[str, Any]]
     replayed_by: str | None
     discard_reason: str | None
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="The parts kept with the delivery (a replay sends "
+        "them again); `GET /v1/messages/{id}/attachments/{position}` downloads one.")
 
     @classmethod
     def of(cls, e: DeadLetter) -> DeadLetterDetail:

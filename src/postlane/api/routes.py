@@ -207,7 +207,10 @@ async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
     entry = await store.dead_letter(delivery_id)
     if entry is None:
         raise not_found(f"no dead letter for delivery {delivery_id}")
-    return DeadLetterDetail.of(entry)
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    detail = DeadLetterDetail.of(entry)
+    detail.attachments = [AttachmentOut.of(i, p) for i, p in enumerate(parts)]
+    return detail
 
 
 @router.post("/dead-letters/{delivery_id:int}/replay", response_model=ReplayOneOut,
