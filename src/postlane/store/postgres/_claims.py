@@ -148,7 +148,9 @@ class ClaimsMixin(PostgresBase):
         if not ids:
             return {}
         async with self._pool.connection() as conn:
-            cur = await conn.execute(SELECT_PG, (list(ids),))
+            # Binary results: bytea as its bytes, not as hex text twice their size to send
+            # and to parse.
+            cur = await conn.execute(SELECT_PG, (list(ids),), binary=True)
             return parts_by_delivery(await cur.fetchall())
 
     # -- the worker's path -----------------------------------------------------------------
