@@ -87,9 +87,16 @@ def check_delivery(delivery: Delivery, sender: str) -> None:
 
 def wire_reply_to(value: str, *, utf8: bool, transport: str) -> str:
     """A ``Reply-To`` value with each address as the transport sends it (domains in A-labels;
-    a Unicode local part only when ``utf8``), display names kept as given."""
+    a Unicode local part only when ``utf8``), display names kept as given. A value that does
+    not parse as addresses goes as given (the email library judges it, as before)."""
+    pairs = getaddresses([value])
+    try:
+        for _, address in pairs:
+            check_address(address, field="reply_to")
+    except InvalidMessage:
+        return value
     parts = []
-    for name, address in getaddresses([value]):
+    for name, address in pairs:
         wire = wire_address(address, field="reply_to", utf8=utf8, transport=transport)
         parts.append(str(Address(display_name=name, addr_spec=wire)) if name else wire)
     return ", ".join(parts)
