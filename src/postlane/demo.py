@@ -26,6 +26,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Message
 from postlane.core.records import Stats
 from postlane.limiter import open_limiter
@@ -193,13 +194,53 @@ async def _enqueue_interactive(store: Store, plan: DemoPlan, ids: list[int]) -> 
         else:
             to = f"user{i}@example.com"
         kind = "reset" if i % 2 else "verify"
-        result = await store.enqueue(Message(
-            key=f"{kind}:{i}", to=to, subject="Reset your password" if kind == "reset"
-            else "Your verification code", text=f"Your code is {100000 + i}",
-            lane="interactive", expires_in=timedelta(minutes=15),
-        ))
+        if i == plan.rejected_interactive:  # one receipt, its PDF stored with it
+            message = receipt(f"receipt:{i}", to, order=f"{4200 + i}")
+        else:
+            message = Message(
+                key=f"{kind}:{i}", to=to, subject="Reset your password" if kind == "reset"
+                else "Your verification code", text=f"Your code is {100000 + i}",
+                lane="interactive", expires_in=timedelta(minutes=15),
+            )
+        result = await store.enqueue(message)
         ids.append(result.id)
         await asyncio.sleep(plan.interactive_every_s)
+
+
+def receipt(key: str, to: str, *, order: str) -> Message:
+    """A receipt with its PDF attached, as a shop sends one after checkout."""
+    return Message(
+        key=key, to=to, subject=f"Your receipt for order {order}",
+        text=f"Thank you for your order {order}. Your receipt is attached.",
+        lane="interactive",
+        attachments=(Attachment(f"receipt-{order}.pdf", receipt_pdf(order, "19.90 EUR"),
+                                "application/pdf"),),
+    )
+
+
+def receipt_pdf(order: str, total: str) -> bytes:
+    """A one-page PDF (PDF 1.4, Helvetica, no dependencies) with the cross-reference table
+    a reader needs: small, but it opens in any viewer."""
+    text = f"BT /F1 18 Tf 24 100 Td (Receipt {order}) Tj 0 -30 Td (Total: {total}) Tj ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] /Contents 4 0 R "
+        "/Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(text)} >>\nstream\n{text}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += (f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n"
+            "%%EOF\n").encode()
+    return bytes(out)
 
 
 def _log_through(console: Console) -> None:

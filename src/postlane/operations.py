@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from postlane.core.attachments import Attachment
 from postlane.core.records import Transition
 from postlane.core.states import DeadReason, State
 from postlane.errors import PostlaneError
@@ -69,3 +70,10 @@ async def resolve(
 
 
 __all__ = ["OperationRefused", "Resolution", "cancel", "resolve"]
+
+
+async def stored_attachment(store: OperatorStore, delivery_id: int,
+                            position: int) -> Attachment | None:
+    """One part of a delivery as stored (and sent): for an operator's download."""
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    return parts[position] if 0 <= position < len(parts) else None

@@ -47,12 +47,17 @@ original answer; the same key with a different body is refused with 422.
 
 **Errors** are problem details (RFC 9457, `application/problem+json`): `type`, `title`,
 `status`, `detail`, plus `field` or `errors` for invalid input. Bodies over the size limit
-(1 MiB by default) are refused with 413.
+(1 MiB by default; 16 MiB for `POST /v1/messages`, whose attachments travel as base64) are
+refused with 413.
 """
 
 
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 UPLOAD_PREFIX = "/v1/imports/"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""``POST /v1/messages`` only: a message with attachments in base64 (10 MB of parts, the
+default per-message limit, is 13.4 MB as base64). Every other body keeps the 1 MiB limit."""
+MESSAGES_PATH = "/v1/messages"
 
 
 class BodyTooLarge(HTTPException):
@@ -69,16 +74,22 @@ class BodyLimit:
     by counting otherwise (chunked uploads)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int,
-                 max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> None:
+                 max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.max_message_bytes = max(max_message_bytes, max_bytes)
 
     def limit_for(self, scope: Scope) -> int:
-        """CSV uploads that start an import may be large; everything else is small."""
-        if scope.get("method") == "POST" and str(scope.get("path", "")).startswith(
-                UPLOAD_PREFIX):
-            return self.max_upload_bytes
+        """CSV uploads that start an import may be large, and so may a message carrying
+        attachments; everything else is small."""
+        if scope.get("method") == "POST":
+            path = str(scope.get("path", ""))
+            if path.startswith(UPLOAD_PREFIX):
+                return self.max_upload_bytes
+            if path.rstrip("/") == MESSAGES_PATH:
+                return self.max_message_bytes
         return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,6 +137,7 @@ def create_app(
     *,
     lanes: Sequence[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     session_secret: str | bytes | None = None,
     sample_interval_s: float = 5.0,
     cookie_secure: bool = False,
@@ -136,7 +148,8 @@ def create_app(
     ``lanes``: the configured lane names (default: interactive, bulk). ``session_secret``
     signs dashboard sessions (default: ``$POSTLANE_SESSION_SECRET`` or one per process).
     ``sample_interval_s``: how often the dashboard's in-memory charts sample the store.
-    ``cookie_secure``: set when served over HTTPS.
+    ``cookie_secure``: set when served over HTTPS. ``max_message_bytes``: the body limit
+    of ``POST /v1/messages`` alone (attachments travel in it as base64).
     """
     lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
     state = AppState(store_url=store_url, lanes=lane_names,
@@ -215,7 +228,8 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+                       max_message_bytes=max_message_bytes)
     app.add_middleware(AuthFirst, state=state,  # outermost: it runs first
                        routes=[*router.routes, *content_router.routes])
     return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from datetime import datetime, timedelta
@@ -9,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery, Message
 from postlane.core.records import DeadLetter, Event
 from postlane.core.validation import json_problem, text_problem
@@ -58,6 +61,50 @@ class Strict(BaseModel):
 
 
 # -- messages ----------------------------------------------------------------------------
+def check_base64(value: str) -> str:
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("content is not base64 (standard alphabet, padded)") from None
+    return value
+
+
+class AttachmentIn(Strict):
+    """A file, an inline part (``cid:``) or a calendar invite, its bytes in base64."""
+
+    filename: Text = Field(min_length=1, max_length=255)
+    content_type: Text = Field(default="application/octet-stream", max_length=255,
+                               description="`type/subtype`, with parameters if any.")
+    content: Annotated[str, AfterValidator(check_base64)] = Field(
+        description="The bytes, base64 (standard alphabet, padded).")
+    kind: Literal["attachment", "inline", "calendar"] = Field(
+        default="attachment", description="`inline` parts are named by the HTML as "
+        "`cid:<content_id>`; a `calendar` part is a text/calendar invite (METHOD:REQUEST "
+        "or METHOD:CANCEL).")
+    content_id: Text | None = Field(default=None, max_length=127,
+                                    description="For an inline part: the id after `cid:`.")
+
+    def attachment(self) -> Attachment:
+        return Attachment(self.filename, base64.b64decode(self.content), self.content_type,
+                          self.kind, self.content_id)
+
+
+class AttachmentOut(BaseModel):
+    """A part as an operator sees it: never its bytes (download it by position)."""
+
+    position: int
+    filename: str
+    content_type: str
+    kind: str
+    content_id: str | None
+    size: int
+
+    @classmethod
+    def of(cls, position: int, part: Attachment) -> AttachmentOut:
+        return cls(position=position, filename=part.filename, content_type=part.content_type,
+                   kind=part.kind, content_id=part.content_id, size=part.size)
+
+
 class MessageIn(Strict):
     """A send intent, already rendered. The idempotency key comes in the
     ``Idempotency-Key`` header, not in the body."""
@@ -89,6 +136,10 @@ class MessageIn(Strict):
         default=None, description="Validity window in seconds, counted from enqueue.")
     delay_s: Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)] | None = Field(
         default=None, description="Do not send before enqueue time plus this many seconds.")
+    attachments: list[AttachmentIn] = Field(
+        default_factory=list, description="Files, inline parts and a calendar invite, "
+        "stored with the message and sent with every attempt. Limits per part and per "
+        "message apply (10 MB each by default; 413-sized bodies are refused before).")
 
     def request_hash(self) -> str:
         """SHA-256 of the canonical body: defaults filled in, keys sorted, no whitespace."""
@@ -104,6 +155,7 @@ class MessageIn(Strict):
             expires_at=self.expires_at,
             expires_in=timedelta(seconds=self.expires_in_s) if self.expires_in_s else None,
             delay=timedelta(seconds=self.delay_s) if self.delay_s else None,
+            attachments=tuple(a.attachment() for a in self.attachments),
         )
 
 
@@ -188,6 +240,9 @@ class EventOut(BaseModel):
 class MessageDetail(BaseModel):
     message: MessageOut
     timeline: list[EventOut]
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="Names, types and sizes of the stored parts; "
+        "`GET /v1/messages/{id}/attachments/{position}` downloads one.")
 
 
 class MessageList(BaseModel):
@@ -228,6 +283,9 @@ class DeadLetterDetail(DeadLetterOut):
     attempt_history: list[dict[str, Any]]
     replayed_by: str | None
     discard_reason: str | None
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="The parts kept with the delivery (a replay sends "
+        "them again); `GET /v1/messages/{id}/attachments/{position}` downloads one.")
 
     @classmethod
     def of(cls, e: DeadLetter) -> DeadLetterDetail:

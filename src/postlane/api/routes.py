@@ -13,7 +13,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 
+from postlane.api.downloads import attachment_response, stored_part
 from postlane.api.models import (
+    AttachmentOut,
     DeadLetterDetail,
     DeadLetterList,
     DeadLetterOut,
@@ -129,8 +131,22 @@ async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) ->
     if delivery is None:
         raise not_found(f"no message with id {delivery_id}")
     events = await store.timeline(delivery.id)
+    parts = (await store.attachments_among([delivery.id])).get(delivery.id, ())
     return MessageDetail(message=MessageOut.of(delivery),
-                         timeline=[EventOut.of(e) for e in events])
+                         timeline=[EventOut.of(e) for e in events],
+                         attachments=[AttachmentOut.of(i, p) for i, p in enumerate(parts)])
+
+
+@router.get("/messages/{delivery_id:int}/attachments/{position:int}", tags=["messages"],
+            summary="Download one stored attachment", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "The part's bytes, as stored and sent."},
+                       **problem_responses(401, 403, 404, 422, 503)})
+async def get_attachment(delivery_id: DeliveryId, position: int, store: StoreDep,
+                         _key: Reader) -> Response:
+    """The bytes exactly as every attempt sends them. Scope: `read`."""
+    part = await stored_part(store, delivery_id, position)
+    return attachment_response(part)
 
 
 @router.get("/messages", response_model=MessageList, tags=["messages"],
@@ -191,7 +207,10 @@ async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
     entry = await store.dead_letter(delivery_id)
     if entry is None:
         raise not_found(f"no dead letter for delivery {delivery_id}")
-    return DeadLetterDetail.of(entry)
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    detail = DeadLetterDetail.of(entry)
+    detail.attachments = [AttachmentOut.of(i, p) for i, p in enumerate(parts)]
+    return detail
 
 
 @router.post("/dead-letters/{delivery_id:int}/replay", response_model=ReplayOneOut,

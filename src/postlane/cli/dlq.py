@@ -14,6 +14,7 @@ from rich.text import Text
 
 from postlane.cli.durations import duration_option
 from postlane.cli.shell import console, delivery_json, ids, run_with_store, table, when
+from postlane.core.attachments import Attachment
 from postlane.core.records import DeadLetter, DeadLetterFilter, Event
 from postlane.core.redaction import redact_address, redact_addresses
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
@@ -96,23 +97,25 @@ def show(ctx: typer.Context, delivery_id: int,
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Everything an entry keeps: snapshot, reason, verbatim response, attempt history."""
 
-    async def _show(store: Store) -> DeadLetter | None:
-        return await store.dead_letter(delivery_id)
+    async def _show(store: Store) -> tuple[DeadLetter | None, tuple[Attachment, ...]]:
+        parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+        return await store.dead_letter(delivery_id), parts
 
-    entry = run_with_store(ctx, _show)
+    entry, parts = run_with_store(ctx, _show)
     if entry is None:
         console.print(f"no dead letter for delivery {delivery_id}")
         raise typer.Exit(1)
     data = {**entry_json(entry), "snapshot": entry.snapshot,
             "attempt_history": entry.attempt_history, "replayed_by": entry.replayed_by,
-            "discard_reason": entry.discard_reason}
+            "discard_reason": entry.discard_reason,
+            "attachments": [part.describe() for part in parts]}
     if as_json:
         print(json.dumps(data, default=str))
     else:
-        _print_entry(entry)
+        _print_entry(entry, parts)
 
 
-def _print_entry(entry: DeadLetter) -> None:
+def _print_entry(entry: DeadLetter, parts: tuple[Attachment, ...] = ()) -> None:
     """``dlq show`` for a person: what it was, why it died, what was tried, what was done."""
     snap = entry.snapshot
     state = f"open ({entry.delivery_state})" if entry.discarded_at is None else "discarded"
@@ -125,6 +128,8 @@ def _print_entry(entry: DeadLetter) -> None:
          if snap.get("template_id") else None),
         ("import", snap.get("import_id")), ("created", snap.get("created_at")),
         ("expires", snap.get("expires_at")), ("attempts", snap.get("attempts")),
+        ("attachments", ", ".join(f"{p.filename} ({p.content_type}, {p.size:,} bytes)"
+                                  for p in parts) or None),
         ("replays", entry.replay_count), ("replayed by", entry.replayed_by),
         ("discarded", f"{when(entry.discarded_at)}: {entry.discard_reason}"
          if entry.discarded_at else None),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -53,8 +56,20 @@ def import_(
         min=0, help="Bad rows tolerated: past this many, exit with status 4 (the good rows "
                     "are imported either way).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    attachments: Annotated[str | None, typer.Option(
+        "--attachments", metavar="MODULE",
+        help="A Python module to import first: it declares the template's attachments "
+             "(postlane.templates.declare_attachments), rendered for every row.")] = None,
 ) -> None:
     """Enqueue one templated delivery per row (key <template>:<user_id>:<import-id>)."""
+    if attachments is not None:
+        if os.getcwd() not in sys.path:  # the application's modules, as `python -m` sees them
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(attachments)
+        except Exception as exc:
+            raise typer.BadParameter(f"cannot import {attachments!r}: {type(exc).__name__}: "
+                                     f"{exc}", param_hint="--attachments") from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
         console=err_console, disable=not err_console.is_terminal, transient=False,

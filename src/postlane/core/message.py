@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from postlane.core.attachments import Attachment
 from postlane.core.states import State
 
 DEFAULT_LANE = "interactive"
@@ -42,9 +43,13 @@ class Message:
     """Validity window counted from enqueue, on the database clock."""
     delay: timedelta | None = None
     """Do not send before enqueue time plus this."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files, inline parts (``cid:``) and a calendar invite (``postlane.core.attachments``),
+    stored beside the delivery and sent with every attempt and replay."""
 
     def content_size(self) -> int:
-        """Bytes of rendered content, the figure the size limit applies to."""
+        """Bytes of rendered content, the figure the size limit applies to (attachments
+        have limits of their own: ``AttachmentLimits``)."""
         size = (len(self.subject.encode()) + len((self.text or "").encode())
                 + len((self.html or "").encode()))
         for name, value in self.headers.items():
@@ -86,6 +91,9 @@ class Delivery:
     updated_at: datetime
     sent_at: datetime | None
     finished_at: datetime | None
+    attachments: tuple[Attachment, ...] = field(default=(), kw_only=True)
+    """Loaded only when the message is built to send (never by a claim): the worker reads
+    them for the deliveries it is about to send (``WorkerStore.attachments_among``)."""
 
     def as_message(self) -> Message:
         """The original intent, for replays: same key, same rendered content."""
@@ -104,6 +112,7 @@ class Delivery:
             template_id=self.template_id,
             template_version=self.template_version,
             expires_at=self.expires_at,
+            attachments=self.attachments,
         )
 
 

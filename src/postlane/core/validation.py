@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from postlane.core.addresses import ascii_domain, unicode_local_problem
+from postlane.core.attachments import AttachmentLimits, check_attachments
 from postlane.core.message import EMAIL, Message
 from postlane.core.redaction import mask_address as mask_address  # re-exported
 from postlane.core.redaction import redact_address as redact_address  # re-exported
@@ -22,6 +23,7 @@ from postlane.core.redaction import redact_addresses as redact_addresses  # re-e
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
+    InvalidAttachment,
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
@@ -55,6 +57,8 @@ class Limits:
 
     lanes: Collection[str] = ("interactive", "bulk")
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
+    attachments: AttachmentLimits = AttachmentLimits()  # noqa: RUF009 (frozen: shared safely)
+    """Per attachment and per message (``docs/content.md`` lists each provider's own)."""
 
 
 def check_address(address: str, *, field: str = "to") -> None:
@@ -222,6 +226,10 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
             f"content is {size} bytes, over the limit of {limits.max_content_bytes}",
             field="content",
         )
+    if message.attachments:
+        if message.channel != EMAIL:
+            raise InvalidAttachment("only an email carries attachments", field="attachments")
+        check_attachments(message.attachments, message.html, limits.attachments)
 
 
 # -- what the wire and the database can carry ---------------------------------------------

@@ -19,7 +19,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -134,8 +134,12 @@ class SandboxEngine:
         self._ids = 0
         self.on_accept: Callable[[str, str, str], None] | None = None
         """Called with (key, message id, recipient) for each acceptance: delivery events."""
+        self.attachments: dict[str, list[dict[str, Any]]] = {}
+        """What each accepted key carried: every part's filename, content type, kind and size
+        (never the bytes), as a real provider's message log shows them."""
 
-    def submit(self, key: str, to: str, template_id: str | None = None) -> SandboxAnswer:
+    def submit(self, key: str, to: str, template_id: str | None = None,
+               attachments: Sequence[Mapping[str, Any]] = ()) -> SandboxAnswer:
         now = self.clock()
         self.stats.requests += 1
         known = self._keys.get(key)
@@ -165,6 +169,11 @@ class SandboxEngine:
             self.stats.rejected += 1
             return SandboxAnswer(404, {"error": f"unknown template {template_id}"})
         message_id = self._accept(key, now)
+        if attachments:
+            self.attachments[key] = [
+                {"filename": a["filename"], "content_type": a["content_type"],
+                 "kind": a.get("kind", "attachment"), "size": int(a["size"])}
+                for a in attachments]
         if self.on_accept is not None:
             self.on_accept(key, message_id, to)
         roll -= self.config.error_rate
@@ -238,7 +247,8 @@ class SandboxProvider(Provider):
         if config.latency_s:
             await asyncio.sleep(config.latency_s)
         progress.reach(Phase.RESPONSE)
-        answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id)
+        answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id,
+                                    [part.describe() for part in delivery.attachments])
         if answer.hang and config.timeout_delay_s:
             await asyncio.sleep(config.timeout_delay_s)
         return outcome_of(answer).at(Phase.RESPONSE)

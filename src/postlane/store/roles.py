@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
@@ -176,6 +177,11 @@ class WorkerStore(FleetStore, Protocol):
     async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
         """Which of these deliveries go to a suppressed address (id -> reason)."""
 
+    @abc.abstractmethod
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        """The parts stored with these deliveries (id -> parts in order; an id without any
+        is absent). Read when the messages are built to send, never by a claim."""
+
 
 class OperatorStore(FleetStore, Protocol):
     """Reading deliveries and acting on them by hand: timelines and search, dead letters
@@ -186,6 +192,10 @@ class OperatorStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def get(self, id_or_key: int | str) -> Delivery | None: ...
+
+    @abc.abstractmethod
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        """The parts stored with these deliveries: the message preview and its downloads."""
 
     @abc.abstractmethod
     async def timeline(self, delivery_id: int) -> list[Event]: ...

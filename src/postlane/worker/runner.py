@@ -34,7 +34,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from postlane.core.breaker import BreakerConfig
@@ -367,7 +367,19 @@ class Worker:
                 ), release=True)
                 self.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
-        await self._send_in_groups(lane, config, to_send, pending)
+        await self._send_in_groups(lane, config, await self._with_attachments(to_send),
+                                   pending)
+
+    async def _with_attachments(self, to_send: list[Delivery]) -> list[Delivery]:
+        """The batch with its stored parts, read only now that it is about to be built and
+        sent (never by the claim: the side table is keyed by delivery id, one indexed read
+        per batch)."""
+        if not to_send:
+            return to_send
+        parts = await self.store.attachments_among([d.id for d in to_send])
+        if not parts:
+            return to_send
+        return [replace(d, attachments=parts[d.id]) if d.id in parts else d for d in to_send]
 
     async def _send_in_groups(self, lane: str, config: LaneConfig, to_send: list[Delivery],
                               pending: dict[int, Delivery]) -> None:

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery
 from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
+from postlane.store.attachments import SELECT_PG, parts_by_delivery
 from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _deliveries
 
 _CLAIM = f"""
@@ -142,6 +144,15 @@ SELECT id, state FROM u
 
 
 class ClaimsMixin(PostgresBase):
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        if not ids:
+            return {}
+        async with self._pool.connection() as conn:
+            # Binary results: bytea as its bytes, not as hex text twice their size to send
+            # and to parse.
+            cur = await conn.execute(SELECT_PG, (list(ids),), binary=True)
+            return parts_by_delivery(await cur.fetchall())
+
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,

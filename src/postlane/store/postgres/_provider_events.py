@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from psycopg.types.json import Jsonb
 
+from postlane.core.addresses import address_spellings, suppression_address
 from postlane.core.message import Delivery
 from postlane.core.records import (
     STATUS_RANK,
@@ -57,7 +58,7 @@ class ProviderEventsMixin(PostgresBase):
             suppressed = None
             rule = suppression_for(event, lane)
             if rule is not None:
-                address = (event.recipient or recipient).lower()
+                address = suppression_address(event.recipient or recipient)
                 await conn.execute(
                     "INSERT INTO postlane_suppressions (address, stream, reason, delivery_id) "
                     "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -72,26 +73,28 @@ class ProviderEventsMixin(PostgresBase):
             cur = await conn.execute(
                 "INSERT INTO postlane_suppressions (address, stream, reason, delivery_id) "
                 "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING address",
-                (address.lower(), stream, reason, delivery_id),
+                (suppression_address(address), stream, reason, delivery_id),
             )
             return await cur.fetchone() is not None
 
     async def unsuppress(self, address: str, stream: str | None = None) -> int:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM postlane_suppressions WHERE address = %s "
-                "AND (%s::text IS NULL OR stream = %s)", (address.lower(), stream, stream),
+                "DELETE FROM postlane_suppressions WHERE address = ANY(%s) "
+                "AND (%s::text IS NULL OR stream = %s)",
+                (address_spellings(address), stream, stream),
             )
             return cur.rowcount
 
     async def list_suppressions(self, address: str | None = None,
                                 limit: int = 100) -> list[Suppression]:
+        spellings = address_spellings(address) if address else None
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT address, stream, reason, delivery_id, created_at "
-                "FROM postlane_suppressions WHERE (%s::text IS NULL OR address = %s) "
+                "FROM postlane_suppressions WHERE (%s::text[] IS NULL OR address = ANY(%s)) "
                 "ORDER BY created_at DESC LIMIT %s",
-                (address and address.lower(), address and address.lower(), limit),
+                (spellings, spellings, limit),
             )
             return [Suppression(*row) for row in await cur.fetchall()]
 
@@ -104,8 +107,8 @@ class ProviderEventsMixin(PostgresBase):
                 "AS t(id bigint, address text, lane text) "
                 "JOIN postlane_suppressions s ON s.address = t.address "
                 "AND s.stream IN (t.lane, '*')",
-                (json.dumps([{"id": d.id, "address": d.recipient.lower(), "lane": d.lane}
-                             for d in deliveries]),),
+                (json.dumps([{"id": d.id, "address": a, "lane": d.lane}
+                             for d in deliveries for a in address_spellings(d.recipient)]),),
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
 
@@ -115,12 +118,12 @@ class ProviderEventsMixin(PostgresBase):
                 """WITH u AS (
                     UPDATE postlane_deliveries SET state = 'pending', run_at = now(),
                         finished_at = NULL, updated_at = now()
-                    WHERE lower(recipient) = %(address)s AND state = 'suppressed'
+                    WHERE lower(recipient) = ANY(%(address)s) AND state = 'suppressed'
                     RETURNING id
                 ), ev AS (
                     INSERT INTO postlane_events (delivery_id, kind, state, data)
                     SELECT id, 'unsuppressed', 'pending', '{}'::jsonb FROM u
-                ) SELECT id FROM u ORDER BY id""", {"address": address.lower()},
+                ) SELECT id FROM u ORDER BY id""", {"address": address_spellings(address)},
             )
             ids = [row[0] for row in await cur.fetchall()]
         self._wakeup.set()

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery
 from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
+from postlane.store.attachments import SELECT_SQLITE, parts_by_delivery
 from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.sqlite._base import (
     _COLS,
@@ -68,6 +70,13 @@ _SET_STATE_IF_AMBIGUOUS = _SET_STATE_TEMPLATE.replace("__GUARD__", "d.state = 'a
 
 
 class ClaimsMixin(SQLiteBase):
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        if not ids:
+            return {}
+        batch = json.dumps(list(ids))
+        return await self._run(lambda: parts_by_delivery(
+            self.conn.execute(SELECT_SQLITE, (batch,)).fetchall()))
+
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,

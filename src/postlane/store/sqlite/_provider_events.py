@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from postlane.core.addresses import address_spellings, suppression_address
 from postlane.core.message import Delivery
 from postlane.core.records import (
     STATUS_RANK,
@@ -55,7 +56,7 @@ class ProviderEventsMixin(SQLiteBase):
                 suppressed = None
                 rule = suppression_for(event, lane)
                 if rule is not None:
-                    suppressed = (event.recipient or recipient).lower()
+                    suppressed = suppression_address(event.recipient or recipient)
                     conn.execute(
                         f"INSERT INTO postlane_suppressions (address, stream, reason, "
                         f"delivery_id, created_at) VALUES (?, ?, ?, ?, {NOW}) "
@@ -72,7 +73,8 @@ class ProviderEventsMixin(SQLiteBase):
                 row = conn.execute(
                     f"INSERT INTO postlane_suppressions (address, stream, reason, delivery_id, "
                     f"created_at) VALUES (?, ?, ?, ?, {NOW}) ON CONFLICT DO NOTHING "
-                    f"RETURNING address", (address.lower(), stream, reason, delivery_id),
+                    f"RETURNING address",
+                    (suppression_address(address), stream, reason, delivery_id),
                 ).fetchone()
                 return row is not None
         return await self._run(_suppress)
@@ -81,8 +83,9 @@ class ProviderEventsMixin(SQLiteBase):
         def _unsuppress() -> int:
             with self._write() as conn:
                 cur = conn.execute(
-                    "DELETE FROM postlane_suppressions WHERE address = ? "
-                    "AND (? IS NULL OR stream = ?)", (address.lower(), stream, stream),
+                    "DELETE FROM postlane_suppressions WHERE address IN "
+                    "(SELECT value FROM json_each(?)) AND (? IS NULL OR stream = ?)",
+                    (json.dumps(address_spellings(address)), stream, stream),
                 )
                 return cur.rowcount
         return await self._run(_unsuppress)
@@ -90,10 +93,11 @@ class ProviderEventsMixin(SQLiteBase):
     async def list_suppressions(self, address: str | None = None,
                                 limit: int = 100) -> list[Suppression]:
         def _list() -> list[Suppression]:
-            key = address.lower() if address else None
+            key = json.dumps(address_spellings(address)) if address else None
             rows = self.conn.execute(
                 "SELECT address, stream, reason, delivery_id, created_at "
-                "FROM postlane_suppressions WHERE (? IS NULL OR address = ?) "
+                "FROM postlane_suppressions WHERE (? IS NULL OR address IN "
+                "(SELECT value FROM json_each(?))) "
                 "ORDER BY created_at DESC LIMIT ?", (key, key, limit),
             ).fetchall()
             return [Suppression(r[0], r[1], r[2], r[3], _dt(r[4])) for r in rows]
@@ -102,8 +106,8 @@ class ProviderEventsMixin(SQLiteBase):
     async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
         if not deliveries:
             return {}
-        batch = json.dumps([{"id": d.id, "address": d.recipient.lower(), "lane": d.lane}
-                            for d in deliveries])
+        batch = json.dumps([{"id": d.id, "address": a, "lane": d.lane}
+                            for d in deliveries for a in address_spellings(d.recipient)])
 
         def _among() -> dict[int, str]:
             rows = self.conn.execute(
@@ -121,8 +125,9 @@ class ProviderEventsMixin(SQLiteBase):
                 ids = [r[0] for r in conn.execute(
                     f"UPDATE postlane_deliveries SET state = 'pending', run_at = {NOW}, "
                     f"finished_at = NULL, updated_at = {NOW} "
-                    f"WHERE lower(recipient) = ? AND state = 'suppressed' RETURNING id",
-                    (address.lower(),),
+                    f"WHERE lower(recipient) IN (SELECT value FROM json_each(?)) "
+                    f"AND state = 'suppressed' RETURNING id",
+                    (json.dumps(address_spellings(address)),),
                 ).fetchall()]
                 conn.executemany(_INSERT_EVENT, [(i, "unsuppressed", "pending", "{}")
                                                  for i in ids])
