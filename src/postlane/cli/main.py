@@ -159,6 +159,29 @@ def status(
     for account, record in stats["breakers"].items():
         console.print(f"[red]breaker {account}: {record['state']}[/red] "
                       f"({escape(breaker_reason(record))})")
+    _print_deliverability(stats["deliverability"])
+
+
+def _print_deliverability(figures: dict[str, Any]) -> None:
+    """Bounce and complaint rates per lane, marked where a provider would act."""
+    hours = figures["window_s"] / 3600
+    grid = table("lane", "sent", "bounced", "bounce rate", "complained", "complaint rate",
+                 "soft bounced", "unsubscribed", title=f"deliverability (last {hours:g} h)",
+                 right=("sent", "bounced", "bounce rate", "complained", "complaint rate",
+                        "soft bounced", "unsubscribed"))
+    for name, lane in figures["lanes"].items():
+        bounce, complaint = lane["bounce_rate"], lane["complaint_rate"]
+        grid.add_row(
+            name, str(lane["sent"]), str(lane["bounced"]),
+            _rate(bounce, bounce > figures["bounce_rate_limit"]), str(lane["complained"]),
+            _rate(complaint, complaint > figures["complaint_rate_limit"]),
+            str(lane["soft_bounced"]), str(lane["unsubscribed"]))
+    console.print(grid)
+
+
+def _rate(value: float, over: bool) -> str:
+    text = f"{value * 100:.2f}%"
+    return f"[red]{text} (over the limit)[/red]" if over else text
 
 
 @app.command()

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from postlane.core.states import State
+from postlane.core.unsubscribe import ListUnsubscribe
 
 DEFAULT_LANE = "interactive"
 EMAIL = "email"
@@ -86,6 +87,9 @@ class Delivery:
     updated_at: datetime
     sent_at: datetime | None
     finished_at: datetime | None
+    unsubscribe: ListUnsubscribe | None = field(default=None, kw_only=True, compare=False)
+    """Set by the worker, not stored: the one-click unsubscribe headers this send carries
+    (bulk lanes only; ``core.unsubscribe``). Every adapter puts them on the wire."""
 
     def as_message(self) -> Message:
         """The original intent, for replays: same key, same rendered content."""

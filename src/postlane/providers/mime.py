@@ -11,6 +11,11 @@ headers or a second message, and a header Postlane sets (the MIME structure, the
 ``X-Postlane-*``) or a ``Message`` field owns (To, Cc, Bcc, From, Sender, Subject) cannot be
 given. A row that fails is refused as a permanent outcome.
 
+On a bulk lane the worker hands the delivery its one-click unsubscribe pair
+(``Delivery.unsubscribe``, ``core.unsubscribe``): ``List-Unsubscribe`` and
+``List-Unsubscribe-Post``. They go on the wire here and, for the JSON APIs, through
+``wire_headers``; callers cannot give them (``RESERVED_HEADERS``).
+
 International content (``docs/content.md``): subjects and header values in any script go as
 RFC 2047 encoded words and bodies as quoted-printable or base64, so the message is 7-bit
 and any server takes it; addresses go with their domains in A-labels. A Unicode local part
@@ -54,6 +59,17 @@ def message_id(key: str, sender: str | None = None) -> str:
     return f"<{key_digest(key)[:32]}@{domain}>"
 
 
+def unsubscribe_headers(delivery: Delivery) -> dict[str, str]:
+    """The one-click unsubscribe pair the worker attached, or nothing (not a bulk lane)."""
+    return delivery.unsubscribe.headers() if delivery.unsubscribe is not None else {}
+
+
+def wire_headers(delivery: Delivery) -> dict[str, str]:
+    """The headers a JSON API sends beside the message's fields: the caller's, the key, and
+    the unsubscribe pair (the MIME adapters write the same ones in ``build_email``)."""
+    return {**delivery.headers, KEY_HEADER: delivery.key, **unsubscribe_headers(delivery)}
+
+
 def sender_of(delivery: Delivery, default: str | None) -> str:
     sender = delivery.sender or default
     if not sender:
@@ -92,6 +108,8 @@ def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
     msg["Date"] = format_datetime(delivery.created_at)
     msg["Message-ID"] = message_id(delivery.key, sender)
     msg[KEY_HEADER] = delivery.key
+    for name, value in unsubscribe_headers(delivery).items():
+        msg[name] = value
     for name, value in delivery.headers.items():
         if name in msg:  # Date: the caller's replaces the default
             msg.replace_header(name, value)

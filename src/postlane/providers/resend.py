@@ -28,7 +28,7 @@ from postlane.providers.http import (
     response_text,
     retry_after_of,
 )
-from postlane.providers.mime import KEY_HEADER, check_delivery, key_digest, sender_of
+from postlane.providers.mime import check_delivery, key_digest, sender_of, wire_headers
 from postlane.providers.options import ProviderURL, Secret, secret
 
 RESEND_TOKEN_ENV = "POSTLANE_RESEND_TOKEN"
@@ -123,7 +123,7 @@ def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, 
         "to": [wire_address(delivery.recipient, field="to", utf8=False,
                             transport=RESEND_NO_UTF8)],
         "subject": delivery.subject,
-        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
+        "headers": wire_headers(delivery),
         # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
         "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
                  {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
