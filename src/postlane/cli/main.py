@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from postlane.cli import apikeys as apikeys_cli
+from postlane.cli import bounces as bounces_cli
 from postlane.cli import check as check_cli
 from postlane.cli import demo as demo_cli
 from postlane.cli import dlq as dlq_cli
@@ -216,6 +217,7 @@ app.add_typer(templates_cli.templates, name="templates")
 app.command("import")(imports_cli.import_)
 app.add_typer(imports_cli.imports, name="imports")
 app.add_typer(suppress_cli.suppress, name="suppress")
+app.add_typer(bounces_cli.bounces, name="bounces")
 app.command()(serve_cli.serve)
 app.add_typer(apikeys_cli.apikey, name="apikey")
 
