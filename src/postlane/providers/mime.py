@@ -37,8 +37,14 @@ from postlane.core.validation import check_address, check_header, check_subject
 from postlane.errors import InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
-SEVEN_BIT = SMTP.clone(cte_type="7bit")
-"""Every byte 7-bit: no server extension (8BITMIME, SMTPUTF8) needed to carry it."""
+SEVEN_BIT = SMTP.clone(cte_type="7bit", refold_source="none")
+"""Every byte 7-bit: no server extension (8BITMIME, SMTPUTF8) needed to carry it.
+
+``refold_source="none"`` concerns only headers set raw (``set_raw``): the unsubscribe pair,
+whose URLs are longer than a line. Refolded by the email package, a word longer than a
+line becomes RFC 2047 encoded words, which no mail client reads as a URL; set raw, it goes
+as given, one URL per line (well under SMTP's 998)."""
+UTF8 = SMTPUTF8.clone(refold_source="none")
 NO_UTF8 = "this transport cannot carry it"
 
 
@@ -101,7 +107,7 @@ def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
     of them names a header Postlane sets or a field owns.
     """
     check_delivery(delivery, sender)
-    msg = EmailMessage(policy=SMTPUTF8 if utf8 else SEVEN_BIT)
+    msg = EmailMessage(policy=UTF8 if utf8 else SEVEN_BIT)
     msg["From"] = wire_address(sender, field="sender", utf8=utf8, transport=transport)
     msg["To"] = wire_address(delivery.recipient, field="to", utf8=utf8, transport=transport)
     msg["Subject"] = delivery.subject
@@ -109,7 +115,7 @@ def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
     msg["Message-ID"] = message_id(delivery.key, sender)
     msg[KEY_HEADER] = delivery.key
     for name, value in unsubscribe_headers(delivery).items():
-        msg[name] = value
+        msg.set_raw(name, value.replace(", <", ",\n <"))  # one URL per line, unencoded
     for name, value in delivery.headers.items():
         if name in msg:  # Date: the caller's replaces the default
             msg.replace_header(name, value)
