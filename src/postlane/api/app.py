@@ -23,6 +23,7 @@ from postlane.api.routes_content import router as content_router
 from postlane.api.routes_unsubscribe import router as unsubscribe_router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
+from postlane.core.deliverability import SuppressionPolicy
 from postlane.core.lanes import DEFAULT_LANES
 from postlane.core.unsubscribe import secrets_from_env
 from postlane.core.validation import Limits
@@ -148,6 +149,7 @@ def create_app(
     unsubscribe tokens (default: ``$POSTLANE_UNSUBSCRIBE_SECRET``).
     """
     lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
+    SuppressionPolicy.from_env()  # a bad POSTLANE_SOFT_BOUNCE_* fails the start, not a webhook
     state = AppState(store_url=store_url, lanes=lane_names,
                      sessions=Sessions(session_secret), max_body_bytes=max_body_bytes,
                      cookie_secure=cookie_secure,
