@@ -4,17 +4,21 @@ idempotence."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import timedelta
 
 import pytest
+from typer.testing import CliRunner
 
 from postlane import Message
+from postlane.cli.main import app
 from postlane.core.deliverability import SuppressionPolicy
 from postlane.core.records import ProviderEvent
 from postlane.core.unsubscribe import sign
 from postlane.store import Store
 from postlane.webhooks.unsubscribe import InvalidToken, one_click
-from tests.conftest import SideDB, msg
+from tests.conftest import SideDB, msg, store_url
 
 pytestmark = pytest.mark.asyncio
 
@@ -175,3 +179,22 @@ async def test_a_bulk_suppression_leaves_the_other_lanes_alone(store: Store) -> 
                                         text="t"))
     rows = [await store.get(bulk.id), await store.get(reset.id)]
     assert await store.suppressed_among([r for r in rows if r]) == {bulk.id: "unsubscribed"}
+
+
+async def test_status_shows_the_rates_per_lane_and_marks_what_a_provider_would_act_on(
+        store: Store, side: SideDB) -> None:
+    for i in range(10):
+        await sent(store, side, f"digest:s{i}", f"s{i}@example.com", pmid=f"ps{i}")
+    await store.record_provider_event(ProviderEvent("t", "b1", "bounced", "ps0"))
+    runner = CliRunner(env={"COLUMNS": "160"})
+    url = store_url(store)
+    result = await asyncio.to_thread(runner.invoke, app, ["--db", url, "status"])
+    assert result.exit_code == 0, result.output
+    assert "deliverability (last 24 h)" in result.output
+    [row] = [line for line in result.output.splitlines() if line.strip().startswith("bulk ")
+             and "%" in line]
+    assert "10.00% (over the limit)" in row and "0.00%" in row  # 1 of 10 bounced
+    as_json = await asyncio.to_thread(runner.invoke, app, ["--db", url, "status", "--json"])
+    figures = json.loads(as_json.output)["deliverability"]
+    assert figures["lanes"]["bulk"]["bounce_rate"] == 0.1
+    assert figures["bounce_rate_limit"] == 0.05 and figures["window_s"] == 86400
