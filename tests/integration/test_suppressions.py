@@ -193,7 +193,8 @@ async def test_status_shows_the_rates_per_lane_and_marks_what_a_provider_would_a
     assert "deliverability (last 24 h)" in result.output
     [row] = [line for line in result.output.splitlines() if line.strip().startswith("bulk ")
              and "%" in line]
-    assert "10.00% (over the limit)" in row and "0.00%" in row  # 1 of 10 bounced
+    assert "1 (10.00%)" in row and "0 (0.00%)" in row  # 1 of 10 bounced, none complained
+    assert "bulk: bounce rate 10.00% is over 5%" in result.output
     as_json = await asyncio.to_thread(runner.invoke, app, ["--db", url, "status", "--json"])
     figures = json.loads(as_json.output)["deliverability"]
     assert figures["lanes"]["bulk"]["bounce_rate"] == 0.1

@@ -164,25 +164,28 @@ def status(
 
 
 def _print_deliverability(figures: dict[str, Any]) -> None:
-    """Bounce and complaint rates per lane, marked where a provider would act."""
+    """Bounces and complaints per lane with their rates, and a line for each rate over the
+    limit a provider would act on."""
     hours = figures["window_s"] / 3600
-    grid = table("lane", "sent", "bounced", "bounce rate", "complained", "complaint rate",
-                 "soft bounced", "unsubscribed", title=f"deliverability (last {hours:g} h)",
-                 right=("sent", "bounced", "bounce rate", "complained", "complaint rate",
-                        "soft bounced", "unsubscribed"))
+    grid = table("lane", "sent", "bounced", "complained", "soft", "unsub",
+                 title=f"deliverability (last {hours:g} h)",
+                 right=("sent", "bounced", "complained", "soft", "unsub"), keep=("lane",))
+    over = []
     for name, lane in figures["lanes"].items():
         bounce, complaint = lane["bounce_rate"], lane["complaint_rate"]
-        grid.add_row(
-            name, str(lane["sent"]), str(lane["bounced"]),
-            _rate(bounce, bounce > figures["bounce_rate_limit"]), str(lane["complained"]),
-            _rate(complaint, complaint > figures["complaint_rate_limit"]),
-            str(lane["soft_bounced"]), str(lane["unsubscribed"]))
+        grid.add_row(name, str(lane["sent"]), f"{lane['bounced']} ({bounce:.2%})",
+                     f"{lane['complained']} ({complaint:.2%})", str(lane["soft_bounced"]),
+                     str(lane["unsubscribed"]))
+        if bounce > figures["bounce_rate_limit"]:
+            over.append(f"{name}: bounce rate {bounce:.2%} is over "
+                        f"{figures['bounce_rate_limit']:.0%}")
+        if complaint > figures["complaint_rate_limit"]:
+            over.append(f"{name}: complaint rate {complaint:.2%} is over "
+                        f"{figures['complaint_rate_limit']:.1%}")
     console.print(grid)
-
-
-def _rate(value: float, over: bool) -> str:
-    text = f"{value * 100:.2f}%"
-    return f"[red]{text} (over the limit)[/red]" if over else text
+    for line in over:
+        console.print(f"[red]{escape(line)}[/red] (providers review or pause senders there; "
+                      "see docs/deliverability.md)")
 
 
 @app.command()

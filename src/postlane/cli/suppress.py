@@ -39,17 +39,19 @@ def list_(ctx: typer.Context,
                            "active": r.active(datetime.now(UTC))}
                           for r in rows]))
         return
-    grid = table("address", "stream", "reason", "source", "delivery", "since (UTC)",
-                 "until (UTC)", title=f"suppressions ({len(rows)})", right=("delivery",),
-                 keep=("address",))
+    grid = table("address", "stream", "reason", "since (UTC)", "until (UTC)",
+                 title=f"suppressions ({len(rows)})", keep=("address",))
     now = datetime.now(UTC)
     for r in rows:
         until = ("removed" if r.expires_at is None
                  else when(r.expires_at) + ("" if r.active(now) else " (over)"))
         grid.add_row(r.address if address else mask_address(r.address), r.stream, r.reason,
-                     r.source_event or "operator", str(r.delivery_id or ""), when(r.created_at),
-                     until)
+                     when(r.created_at), until)
     console.print(grid)
+    for r in rows if address else ():
+        console.print(f"{r.stream}: from {r.source_event or 'an operator'}"
+                      + (f", delivery {r.delivery_id}" if r.delivery_id else ""),
+                      markup=False, highlight=False)
     if rows and not address:
         console.print("addresses are masked (#: a hash of the whole address); "
                       "--address ADDRESS shows one in full", style="dim")
