@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from postlane.core.deliverability import (
     SuppressionPolicy,
@@ -231,3 +233,26 @@ def test_mail_that_is_not_a_report_is_nothing_unless_it_unsubscribes() -> None:
     other = report("disposition-notification", "Content-Type: text/plain\r\n\r\nx",
                    "Content-Type: text/plain\r\n\r\ny")
     assert parse_inbound(other) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.binary(max_size=2000),
+    st.builds(lambda head, body: report("delivery-status", head, body),
+              st.text(max_size=300), st.text(max_size=300)),
+    st.builds(lambda head: report("feedback-report", head, "Content-Type: text/plain\r\n\r\n"),
+              st.text(max_size=300)),
+))
+def test_no_inbound_message_makes_the_parser_raise(raw: bytes) -> None:
+    """Whatever arrives at the bounce address: events or nothing, never an exception."""
+    for found in parse_inbound(raw, (b"0123456789abcdef0123456789abcdef",)):
+        assert found.kind in EVENT_KINDS
+
+
+def test_a_report_with_text_no_database_keeps_is_left_out() -> None:
+    status = ("Content-Type: message/delivery-status\r\n\r\nReporting-MTA: dns; mx\r\n\r\n"
+              "Final-Recipient: rfc822; ada@example.com\r\nAction: failed\r\nStatus: 5.1.1\r\n"
+              "Diagnostic-Code: smtp; 550 \x00 nul\r\n")
+    raw = report("delivery-status", status, "Content-Type: text/plain\r\n\r\nx")
+    assert parse_inbound(raw) == []
+    assert len(parse_inbound(raw.replace(b"\x00", b"0"))) == 1

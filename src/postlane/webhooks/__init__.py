@@ -143,10 +143,6 @@ async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str
         if len(body) > dsn.MAX_BYTES:
             raise WebhookMalformed(f"the message is over {dsn.MAX_BYTES} bytes")
         events = dsn.parse_inbound(body, config.unsubscribe_secrets)
-        for event in events:
-            _check_storable({**event.data, "event_id": event.event_id,
-                             "recipient": event.recipient, "message_id":
-                             event.provider_message_id, "key": event.idempotency_key})
     else:
         raise WebhookRejected(f"unknown webhook provider {provider!r} "
                               f"({', '.join(PROVIDERS)})")

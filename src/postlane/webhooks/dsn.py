@@ -29,6 +29,7 @@ from typing import Any
 from postlane.core.deliverability import unsubscribe_event
 from postlane.core.records import ProviderEvent
 from postlane.core.unsubscribe import InvalidToken, token_in_subject, verify
+from postlane.core.validation import json_problem
 
 PROVIDER = "smtp"
 KEY_HEADER = "X-Postlane-Key"
@@ -52,7 +53,18 @@ def classify(action: str, status: str) -> str | None:
 
 
 def parse_inbound(raw: bytes, unsubscribe_secrets: Sequence[bytes] = ()) -> list[ProviderEvent]:
-    """The events in one inbound message (empty: not a report, not an unsubscribe)."""
+    """The events in one inbound message (empty: not a report, not an unsubscribe). An event
+    with text no database can keep (a NUL, a lone surrogate) is left out."""
+    return [event for event in _events(raw, unsubscribe_secrets) if storable(event)]
+
+
+def storable(event: ProviderEvent) -> bool:
+    return json_problem({**event.data, "id": event.event_id, "to": event.recipient,
+                         "message_id": event.provider_message_id,
+                         "key": event.idempotency_key}) is None
+
+
+def _events(raw: bytes, unsubscribe_secrets: Sequence[bytes]) -> list[ProviderEvent]:
     message = message_from_bytes(raw, policy=policy.compat32)
     report_id = _message_id(message) or f"sha256:{hashlib.sha256(raw).hexdigest()}"
     if message.get_content_type() == "multipart/report":
