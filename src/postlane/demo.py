@@ -3,7 +3,8 @@
 A digest burst floods the bulk lane while password resets and verification codes arrive
 in the interactive lane; the sandbox provider throttles, fails, times out after accepting,
 and rejects a few addresses, like a real provider on a bad afternoon. The summary shows
-what a user should check: interactive latency, the ceiling, duplicates, dead letters.
+what a user should check: interactive latency, the ceiling, duplicates, dead letters, and the
+one-click unsubscribe headers a bulk digest carried (signed with a secret made for the run).
 
 Interactive latency is reported twice: for messages sent at their first claim, and for
 those that needed another (a 503, a timeout, a throttle), since the two answer different
@@ -15,6 +16,7 @@ close to its worst case.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shlex
 import statistics
 import time
@@ -29,11 +31,16 @@ from rich.table import Table
 from postlane.core.attachments import Attachment
 from postlane.core.message import Message
 from postlane.core.records import Stats
+from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
 from postlane.store.base import Store
 from postlane.worker import Worker, WorkerConfig
+
+DEMO_UNSUBSCRIBE_URL = "http://127.0.0.1:8080"
+"""Where ``postlane serve`` listens by default (plain http is allowed on loopback only)."""
+DEMO_UNSUBSCRIBE_MAILBOX = "unsubscribe@example.com"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,8 @@ class DemoResult:
     retries: int = 0
     throttled: int = 0
     ambiguous: int = 0
+    bulk_headers: dict[str, str] = field(default_factory=dict)
+    """The unsubscribe headers a bulk message carried (``List-Unsubscribe``...)."""
 
     @property
     def ok(self) -> bool:
@@ -123,7 +132,7 @@ class DemoResult:
             "interactive_retried": self.retried.as_json(),
             "bulk_drain_s": round(self.bulk_drain_s, 2), "elapsed_s": round(self.elapsed_s, 2),
             "retries": self.retries, "throttled": self.throttled, "ambiguous": self.ambiguous,
-            "states": self.states, "ok": self.ok,
+            "states": self.states, "bulk_headers": self.bulk_headers, "ok": self.ok,
         }
 
 
@@ -134,8 +143,12 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
     limiter = open_limiter(None, rate=plan.ceiling * (1 - plan.headroom))
     # The default lanes bring their own retry backoff and attempt timeout: interactive
     # retries within half a second, bulk backs off from a second up to minutes.
+    # Digests are bulk mail: they carry one-click unsubscribe links to where `postlane serve`
+    # would answer (docs/deliverability.md), signed with a secret made for this run.
+    unsubscribe = UnsubscribeConfig((secrets.token_hex(32).encode(),), DEMO_UNSUBSCRIBE_URL,
+                                    DEMO_UNSUBSCRIBE_MAILBOX)
     worker = Worker(store, provider, limiter=limiter, config=WorkerConfig(
-        lease=timedelta(seconds=15), poll_interval_s=0.5,
+        lease=timedelta(seconds=15), poll_interval_s=0.5, unsubscribe=unsubscribe,
     ))
     started = time.monotonic()
     await _enqueue_bulk(store, plan)
@@ -169,8 +182,23 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
         producer.cancel()
         await limiter.close()
     elapsed = time.monotonic() - started
-    return await _summarise(store, provider, plan, worker, interactive_ids,
-                            (bulk_done_at or time.monotonic()) - started, elapsed)
+    result = await _summarise(store, provider, plan, worker, interactive_ids,
+                              (bulk_done_at or time.monotonic()) - started, elapsed)
+    result.bulk_headers = await _bulk_headers(store, provider, plan, unsubscribe)
+    return result
+
+
+async def _bulk_headers(store: Store, provider: Provider, plan: DemoPlan,
+                        unsubscribe: UnsubscribeConfig) -> dict[str, str]:
+    """The unsubscribe pair of a digest: as the sandbox received it, or (another provider)
+    as the worker built it for the first digest that was sent."""
+    if isinstance(provider, SandboxProvider) and "bulk" in provider.sample_headers:
+        sample = provider.sample_headers["bulk"]
+        return {k: v for k, v in sample.items() if k.startswith("List-Unsubscribe")}
+    delivery = await store.get(f"digest:2026-11:{plan.rejected_bulk}")
+    if delivery is None:
+        return {}
+    return unsubscribe.for_recipient(delivery.recipient, delivery.lane, delivery.id).headers()
 
 
 async def _enqueue_bulk(store: Store, plan: DemoPlan) -> None:
@@ -333,6 +361,11 @@ def print_summary(result: DemoResult, console: Console, db_url: str, *,
                   f"ambiguous {result.ambiguous}")
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(result.dead_letters.items())) or "none"
     console.print(f"dead letters: {sum(result.dead_letters.values())} ({reasons})")
+    if result.bulk_headers:
+        console.print("a bulk digest carried (one-click unsubscribe, RFC 8058; "
+                      "docs/deliverability.md):")
+        for name, value in result.bulk_headers.items():
+            console.print(f"  {name}: {value}", markup=False, highlight=False, soft_wrap=True)
     console.print()
     console.print("next, try:")
     db = shlex.quote(db_url)

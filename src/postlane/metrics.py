@@ -18,9 +18,16 @@ Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_
 ``postlane_breaker_state{account,state}``  1 while a provider account's breaker is open or
                                            half-open (absent: closed)
 ``postlane_status_query_seconds``          how long the scrape's store queries took
+``postlane_provider_events_total``         provider events kept (webhooks, DSNs, one-click
+``{kind,lane}``                            unsubscribes) by normalised kind and lane ('' when
+                                           the event matched no delivery): bounce and
+                                           complaint rates are ``rate()`` of these over
+                                           ``postlane_sends_total``
 =========================================  ===================================================
 
-Cost per scrape: five queries. Depth/oldest age and the attempt distribution read only
+Cost per scrape: eight queries (two read the provider events: the last day's per lane over
+their ``received_at`` index, and the totals as a ``GROUP BY`` bounded by retention).
+Depth/oldest age and the attempt distribution read only
 active rows (``state IN ('pending', 'sending')``, served by the partial indexes on pending
 and leased rows); open dead letters use the partial index on open entries; the controls
 table holds a handful of rows. The count by state is a ``GROUP BY`` over every row kept,
@@ -222,6 +229,14 @@ def store_metrics(status: FleetStatus) -> Iterator[Metric]:
     for account, record in sorted(status.breakers.items()):
         breaker.add_metric([account, str(record.get("state", "open"))], 1)
     yield breaker
+
+    events = CounterMetricFamily("postlane_provider_events",
+                                 "Provider events kept (delivered, bounced, soft_bounced, "
+                                 "complained, rejected, unsubscribed...), by kind and lane.",
+                                 labels=["kind", "lane"])
+    for (kind, lane_name), count in sorted(status.provider_events.items()):
+        events.add_metric([kind, lane_name], count)
+    yield events
 
     took = GaugeMetricFamily("postlane_status_query_seconds",
                              "Time the store queries behind these gauges took.")

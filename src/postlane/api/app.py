@@ -20,9 +20,12 @@ from postlane.api.auth_first import AuthFirst
 from postlane.api.models import Health
 from postlane.api.routes import router
 from postlane.api.routes_content import router as content_router
+from postlane.api.routes_unsubscribe import router as unsubscribe_router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
+from postlane.core.deliverability import SuppressionPolicy
 from postlane.core.lanes import DEFAULT_LANES
+from postlane.core.unsubscribe import secrets_from_env
 from postlane.core.validation import Limits
 from postlane.metrics import CONTENT_TYPE, FleetSampler, StoreCollector
 from postlane.store import open_store
@@ -58,6 +61,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """``POST /v1/messages`` only: a message with attachments in base64 (10 MB of parts, the
 default per-message limit, is 13.4 MB as base64). Every other body keeps the 1 MiB limit."""
 MESSAGES_PATH = "/v1/messages"
+INBOUND_MAIL_PATH = "/v1/webhooks/smtp"
+MAX_INBOUND_MAIL_BYTES = 10 * 1024 * 1024
+"""A bounce may quote the whole message it returns (``webhooks.dsn.MAX_BYTES``)."""
 
 
 class BodyTooLarge(HTTPException):
@@ -83,13 +89,15 @@ class BodyLimit:
 
     def limit_for(self, scope: Scope) -> int:
         """CSV uploads that start an import may be large, and so may a message carrying
-        attachments; everything else is small."""
+        attachments or a bounce quoting the message it returns; everything else is small."""
+        path = str(scope.get("path", ""))
         if scope.get("method") == "POST":
-            path = str(scope.get("path", ""))
             if path.startswith(UPLOAD_PREFIX):
                 return self.max_upload_bytes
             if path.rstrip("/") == MESSAGES_PATH:
                 return self.max_message_bytes
+            if path == INBOUND_MAIL_PATH:
+                return max(self.max_bytes, MAX_INBOUND_MAIL_BYTES)
         return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,6 +150,7 @@ def create_app(
     sample_interval_s: float = 5.0,
     cookie_secure: bool = False,
     dashboard: bool = True,
+    unsubscribe_secrets: Sequence[bytes] | None = None,
 ) -> FastAPI:
     """The Postlane HTTP app over the database at ``store_url``.
 
@@ -150,11 +159,16 @@ def create_app(
     ``sample_interval_s``: how often the dashboard's in-memory charts sample the store.
     ``cookie_secure``: set when served over HTTPS. ``max_message_bytes``: the body limit
     of ``POST /v1/messages`` alone (attachments travel in it as base64).
+    ``unsubscribe_secrets`` verify one-click unsubscribe tokens (default:
+    ``$POSTLANE_UNSUBSCRIBE_SECRET``).
     """
     lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
+    SuppressionPolicy.from_env()  # a bad POSTLANE_SOFT_BOUNCE_* fails the start, not a webhook
     state = AppState(store_url=store_url, lanes=lane_names,
                      sessions=Sessions(session_secret), max_body_bytes=max_body_bytes,
-                     cookie_secure=cookie_secure)
+                     cookie_secure=cookie_secure,
+                     unsubscribe_secrets=tuple(unsubscribe_secrets)
+                     if unsubscribe_secrets is not None else secrets_from_env())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -188,6 +202,7 @@ def create_app(
             {"name": "templates", "description": "Versioned templates."},
             {"name": "imports", "description": "Bulk import runs: counters and pauses."},
             {"name": "webhooks", "description": "Provider delivery events."},
+            {"name": "unsubscribe", "description": "One-click unsubscribe of bulk mail."},
             {"name": "service", "description": "Health and metrics."},
         ],
     )
@@ -195,6 +210,7 @@ def create_app(
     problems.install(app)
     app.include_router(router)
     app.include_router(content_router)
+    app.include_router(unsubscribe_router)
 
     @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
     async def healthz() -> Health:

@@ -374,6 +374,10 @@ class StatusOut(BaseModel):
     paused_lanes: list[str]
     paused_imports: list[str]
     breakers: dict[str, dict[str, Any]]
+    deliverability: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Per lane over `window_s`: sent, bounced, soft_bounced, complained, "
+                    "unsubscribed, bounce_rate and complaint_rate (docs/deliverability.md).")
 
 
 class WebhookOut(BaseModel):

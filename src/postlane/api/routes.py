@@ -323,12 +323,18 @@ async def status(store: StoreDep, _key: Reader) -> dict[str, Any]:
 )
 async def webhook(
     provider: Annotated[str, Path(min_length=1, max_length=50,
-                                  description="sandbox, resend or ses.")],
+                                  description="sandbox, resend, ses, postmark or smtp.")],
     request: Request, response: Response, store: StoreDep,
+    token: Annotated[str | None, Query(
+        max_length=500, description="postmark and smtp: the shared secret, when the "
+                                    "webhook URL carries it as a parameter rather than as "
+                                    "basic-auth credentials.")] = None,
 ) -> WebhookOut:
-    """Verified by the provider's signature (401 when it does not verify), recorded once;
-    a payload that cannot be read or stored (not a JSON object, nested deeper than 32
-    levels, a NUL or a lone surrogate in a string) is answered 400."""
+    """Verified by the provider's signature (sandbox, resend, ses) or a shared secret
+    (postmark, smtp: basic auth or `?token=`), 401 when it does not verify; recorded once.
+    A payload that cannot be read or stored (not a JSON object, nested deeper than 32
+    levels, a NUL or a lone surrogate in a string) is answered 400. `smtp` takes a raw
+    message (a DSN, a feedback report, a mailto unsubscribe) as the body."""
     try:
         from postlane import webhooks
     except ImportError:  # pragma: no cover - the module ships with the package
@@ -337,7 +343,8 @@ async def webhook(
     body = await request.body()
     config = webhooks.WebhookConfig.from_env(app_state(request).sns_certificates)
     try:
-        result = await webhooks.receive(store, provider, dict(request.headers), body, config)
+        result = await webhooks.receive(store, provider, dict(request.headers), body, config,
+                                        token=token)
     except webhooks.WebhookMalformed as exc:
         raise ProblemError(400, "webhook-malformed", "Malformed webhook", str(exc)) from None
     except webhooks.WebhookRejected as exc:

@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from postlane.cli import apikeys as apikeys_cli
+from postlane.cli import bounces as bounces_cli
 from postlane.cli import check as check_cli
 from postlane.cli import demo as demo_cli
 from postlane.cli import dlq as dlq_cli
@@ -159,6 +160,32 @@ def status(
     for account, record in stats["breakers"].items():
         console.print(f"[red]breaker {account}: {record['state']}[/red] "
                       f"({escape(breaker_reason(record))})")
+    _print_deliverability(stats["deliverability"])
+
+
+def _print_deliverability(figures: dict[str, Any]) -> None:
+    """Bounces and complaints per lane with their rates, and a line for each rate over the
+    limit a provider would act on."""
+    hours = figures["window_s"] / 3600
+    grid = table("lane", "sent", "bounced", "complained", "soft", "unsub",
+                 title=f"deliverability (last {hours:g} h)",
+                 right=("sent", "bounced", "complained", "soft", "unsub"), keep=("lane",))
+    over = []
+    for name, lane in figures["lanes"].items():
+        bounce, complaint = lane["bounce_rate"], lane["complaint_rate"]
+        grid.add_row(name, str(lane["sent"]), f"{lane['bounced']} ({bounce:.2%})",
+                     f"{lane['complained']} ({complaint:.2%})", str(lane["soft_bounced"]),
+                     str(lane["unsubscribed"]))
+        if bounce > figures["bounce_rate_limit"]:
+            over.append(f"{name}: bounce rate {bounce:.2%} is over "
+                        f"{figures['bounce_rate_limit']:.0%}")
+        if complaint > figures["complaint_rate_limit"]:
+            over.append(f"{name}: complaint rate {complaint:.2%} is over "
+                        f"{figures['complaint_rate_limit']:.1%}")
+    console.print(grid)
+    for line in over:
+        console.print(f"[red]{escape(line)}[/red] (providers review or pause senders there; "
+                      "see docs/deliverability.md)")
 
 
 @app.command()
@@ -193,6 +220,7 @@ app.add_typer(templates_cli.templates, name="templates")
 app.command("import")(imports_cli.import_)
 app.add_typer(imports_cli.imports, name="imports")
 app.add_typer(suppress_cli.suppress, name="suppress")
+app.add_typer(bounces_cli.bounces, name="bounces")
 app.command()(serve_cli.serve)
 app.add_typer(apikeys_cli.apikey, name="apikey")
 

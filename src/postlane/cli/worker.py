@@ -12,8 +12,15 @@ import typer
 from rich.markup import escape
 
 from postlane.cli.durations import duration_option, lane_durations_option
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
+from postlane.core.lanes import (
+    DEFAULT_LANES,
+    LaneConfig,
+    parse_lane_shares,
+    with_bulk_lanes,
+    with_lane_timings,
+)
 from postlane.core.rates import parse_limits, parse_rate
+from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import ConfigurationError
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
@@ -68,6 +75,24 @@ def worker(
     lanes: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANES", show_envvar=True,
         help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
+    bulk_lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_BULK_LANES", show_envvar=True,
+        help="Lanes of mail people subscribed to (comma-separated; '' for none): their "
+             "messages carry one-click List-Unsubscribe headers, transactional lanes never "
+             "[default: bulk].")] = None,
+    unsubscribe_url: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_URL", show_envvar=True,
+        help="Public https base URL of `postlane serve` for one-click unsubscribe links "
+             "(…/unsubscribe/TOKEN); tokens are signed with $POSTLANE_UNSUBSCRIBE_SECRET. "
+             "Unset: bulk mail goes without the headers.")] = None,
+    unsubscribe_mailto: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_MAILTO", show_envvar=True,
+        help="Address for the mailto form of List-Unsubscribe (read by `postlane bounces "
+             "maildir` or the smtp webhook).")] = None,
+    unsubscribe_exempt: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_EXEMPT", show_envvar=True,
+        help="Templates whose messages never carry List-Unsubscribe, even in a bulk lane "
+             "(comma-separated).")] = None,
     batch_size: Annotated[int, typer.Option(envvar="POSTLANE_BATCH_SIZE", show_envvar=True,
                                             help="Most deliveries per claim.")] = 100,
     lease: Annotated[timedelta, duration_option(
@@ -111,11 +136,15 @@ def worker(
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
     try:
         configure_logging(log_level, ctx.obj.log_format)
+        lane_configs = with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
+                                         retry_base=retry_base, retry_cap=retry_cap)
+        if bulk_lanes is not None:
+            lane_configs = with_bulk_lanes(lane_configs, bulk_lanes)
+        exempt = {t.strip() for t in (unsubscribe_exempt or "").split(",") if t.strip()}
         config = WorkerConfig(
-            concurrency=concurrency, batch_size=batch_size,
-            lanes=with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
-                                    retry_base=retry_base, retry_cap=retry_cap),
+            concurrency=concurrency, batch_size=batch_size, lanes=lane_configs,
             lease=lease, grace_s=grace.total_seconds(), drain=drain,
+            unsubscribe=UnsubscribeConfig.from_env(unsubscribe_url, unsubscribe_mailto, exempt),
         )
         limits = parse_limits(rate) if rate else None
         shape = QuotaShape(burst=quota_burst, reserve=quota_reserve)

@@ -44,13 +44,17 @@ class LaneConfig:
     attempt_timeout_s: float | None = None
     """Longest wait for the provider's answer to one attempt; past it the attempt is
     ambiguous. None: the worker's ``attempt_timeout_s``."""
+    bulk: bool = False
+    """Mail people subscribed to rather than asked for (digests, newsletters): its messages
+    carry one-click unsubscribe headers (``core.unsubscribe``). Transactional lanes never
+    do. The default ``bulk`` lane is bulk; ``--bulk-lanes`` names others."""
 
 
 DEFAULT_LANES: tuple[LaneConfig, ...] = (
     LaneConfig("interactive", 0.7, max_attempts=6, default_expiry=timedelta(minutes=15),
                retry_base_s=0.25, retry_cap_s=30.0, attempt_timeout_s=3.0),
     LaneConfig("bulk", 0.3, max_attempts=8, default_expiry=timedelta(hours=24),
-               retry_base_s=1.0, retry_cap_s=300.0, attempt_timeout_s=10.0),
+               retry_base_s=1.0, retry_cap_s=300.0, attempt_timeout_s=10.0, bulk=True),
 )
 
 
@@ -113,6 +117,17 @@ def with_lane_timings(
     for lane in result:
         check_lane_timings(lane)
     return result
+
+
+def with_bulk_lanes(lanes: Sequence[LaneConfig], names: str) -> tuple[LaneConfig, ...]:
+    """The lanes with exactly those named (comma-separated; empty: none) marked bulk."""
+    wanted = {n.strip() for n in names.split(",") if n.strip()}
+    known = {lane.name for lane in lanes}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ConfigurationError(f"--bulk-lanes names {unknown[0]!r}, which is not a "
+                                 f"configured lane ({', '.join(sorted(known))})")
+    return tuple(replace(lane, bulk=lane.name in wanted) for lane in lanes)
 
 
 def _positive_seconds(text: str, what: str) -> float:

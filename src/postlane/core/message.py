@@ -9,6 +9,7 @@ from typing import Any
 
 from postlane.core.attachments import Attachment
 from postlane.core.states import State
+from postlane.core.unsubscribe import ListUnsubscribe
 
 DEFAULT_LANE = "interactive"
 EMAIL = "email"
@@ -94,6 +95,9 @@ class Delivery:
     attachments: tuple[Attachment, ...] = field(default=(), kw_only=True)
     """Loaded only when the message is built to send (never by a claim): the worker reads
     them for the deliveries it is about to send (``WorkerStore.attachments_among``)."""
+    unsubscribe: ListUnsubscribe | None = field(default=None, kw_only=True, compare=False)
+    """Set by the worker, not stored: the one-click unsubscribe headers this send carries
+    (bulk lanes only; ``core.unsubscribe``). Every adapter puts them on the wire."""
 
     def as_message(self) -> Message:
         """The original intent, for replays: same key, same rendered content."""

@@ -250,9 +250,12 @@ ENCODED_WORD_PROBLEM = ("contains RFC 2047 encoded-word syntax (=?charset?q?...?
 
 RESERVED_HEADERS = frozenset({
     "message-id", "content-type", "mime-version", "content-transfer-encoding",
+    "list-unsubscribe", "list-unsubscribe-post",
 })
 """Headers the pipeline sets: the MIME structure and the Message-ID derived from the key
-(every attempt and replay must be the same message)."""
+(every attempt and replay must be the same message), and the one-click unsubscribe pair,
+which carries a signed token only Postlane can make and only bulk lanes carry
+(docs/deliverability.md)."""
 RESERVED_HEADER_PREFIX = "x-postlane-"
 FIELD_HEADERS = {
     "to": "to", "cc": "to", "bcc": "to", "from": "sender", "sender": "sender",
@@ -299,7 +302,9 @@ def check_header_name(name: str) -> None:
     """Refuse a header the pipeline sets itself or a ``Message`` field owns."""
     lower = name.lower()
     if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIX):
-        raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given",
+        why = (" (on bulk lanes, with a signed token: see docs/deliverability.md)"
+               if lower.startswith("list-unsubscribe") else "")
+        raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given{why}",
                             field="headers")
     owner = FIELD_HEADERS.get(lower)
     if owner is not None:

@@ -55,13 +55,7 @@ from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
-from postlane.providers.mime import (
-    KEY_HEADER,
-    check_delivery,
-    json_attachments,
-    sender_of,
-    wire_headers,
-)
+from postlane.providers.mime import check_delivery, json_attachments, sender_of, wire_headers
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
 
@@ -349,8 +343,7 @@ def generic_payload(delivery: Delivery, default_sender: str | None, *,
         "subject": delivery.subject,
         "text": delivery.text,
         "html": delivery.html,
-        "headers": {**wire_headers(delivery.headers, utf8=utf8, transport=HTTP_NO_UTF8),
-                    KEY_HEADER: delivery.key},
+        "headers": wire_headers(delivery, utf8=utf8, transport=HTTP_NO_UTF8),
         "metadata": {**delivery.metadata, "postlane_key": delivery.key,
                      "postlane_delivery_id": delivery.id},
         "template_id": delivery.template_id,

@@ -11,6 +11,11 @@ headers or a second message, and a header Postlane sets (the MIME structure, the
 ``X-Postlane-*``) or a ``Message`` field owns (To, Cc, Bcc, From, Sender, Subject) cannot be
 given. A row that fails is refused as a permanent outcome.
 
+On a bulk lane the worker hands the delivery its one-click unsubscribe pair
+(``Delivery.unsubscribe``, ``core.unsubscribe``): ``List-Unsubscribe`` and
+``List-Unsubscribe-Post``. They go on the wire here and, for the JSON APIs, through
+``wire_headers``; callers cannot give them (``RESERVED_HEADERS``).
+
 International content (``docs/content.md``): subjects and header values in any script go as
 RFC 2047 encoded words and bodies as quoted-printable or base64, so the message is 7-bit
 and any server takes it; addresses go with their domains in A-labels. A Unicode local part
@@ -44,8 +49,14 @@ from postlane.core.validation import check_address, check_header, check_subject
 from postlane.errors import InvalidMessage, MissingSender
 
 KEY_HEADER = "X-Postlane-Key"
-SEVEN_BIT = SMTP.clone(cte_type="7bit")
-"""Every byte 7-bit: no server extension (8BITMIME, SMTPUTF8) needed to carry it."""
+SEVEN_BIT = SMTP.clone(cte_type="7bit", refold_source="none")
+"""Every byte 7-bit: no server extension (8BITMIME, SMTPUTF8) needed to carry it.
+
+``refold_source="none"`` concerns only headers set raw (``set_raw``): the unsubscribe pair,
+whose URLs are longer than a line. Refolded by the email package, a word longer than a
+line becomes RFC 2047 encoded words, which no mail client reads as a URL; set raw, it goes
+as given, one URL per line (well under SMTP's 998)."""
+UTF8 = SMTPUTF8.clone(refold_source="none")
 NO_UTF8 = "this transport cannot carry it"
 
 
@@ -64,6 +75,20 @@ def message_id(key: str, sender: str | None = None) -> str:
         except InvalidMessage:
             domain = "postlane"
     return f"<{key_digest(key)[:32]}@{domain}>"
+
+
+def unsubscribe_headers(delivery: Delivery) -> dict[str, str]:
+    """The one-click unsubscribe pair the worker attached, or nothing (not a bulk lane)."""
+    return delivery.unsubscribe.headers() if delivery.unsubscribe is not None else {}
+
+
+def wire_headers(delivery: Delivery, *, utf8: bool = False,
+                 transport: str = NO_UTF8) -> dict[str, str]:
+    """The headers a JSON API sends beside the message's fields: the caller's (as
+    ``caller_headers`` converts them), the key, and the unsubscribe pair (the MIME adapters
+    write the same ones in ``build_email``)."""
+    return {**caller_headers(delivery.headers, utf8=utf8, transport=transport),
+            KEY_HEADER: delivery.key, **unsubscribe_headers(delivery)}
 
 
 def sender_of(delivery: Delivery, default: str | None) -> str:
@@ -102,8 +127,8 @@ def wire_reply_to(value: str, *, utf8: bool, transport: str) -> str:
     return ", ".join(parts)
 
 
-def wire_headers(headers: Mapping[str, str], *, utf8: bool,
-                 transport: str = NO_UTF8) -> dict[str, str]:
+def caller_headers(headers: Mapping[str, str], *, utf8: bool,
+                   transport: str = NO_UTF8) -> dict[str, str]:
     """The caller's headers as they go on the wire: address headers (``Reply-To``) converted
     like the message's own addresses, every other value as given."""
     return {name: wire_reply_to(value, utf8=utf8, transport=transport)
@@ -122,14 +147,16 @@ def build_email(delivery: Delivery, sender: str, *, utf8: bool = False,
     of them names a header Postlane sets or a field owns.
     """
     check_delivery(delivery, sender)
-    msg = EmailMessage(policy=SMTPUTF8 if utf8 else SEVEN_BIT)
+    msg = EmailMessage(policy=UTF8 if utf8 else SEVEN_BIT)
     msg["From"] = wire_address(sender, field="sender", utf8=utf8, transport=transport)
     msg["To"] = wire_address(delivery.recipient, field="to", utf8=utf8, transport=transport)
     msg["Subject"] = delivery.subject
     msg["Date"] = format_datetime(delivery.created_at)
     msg["Message-ID"] = message_id(delivery.key, sender)
     msg[KEY_HEADER] = delivery.key
-    for name, value in wire_headers(delivery.headers, utf8=utf8, transport=transport).items():
+    for name, value in unsubscribe_headers(delivery).items():
+        msg.set_raw(name, value.replace(", <", ",\n <"))  # one URL per line, unencoded
+    for name, value in caller_headers(delivery.headers, utf8=utf8, transport=transport).items():
         if name in msg:  # Date: the caller's replaces the default
             msg.replace_header(name, value)
         else:

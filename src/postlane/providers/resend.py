@@ -29,7 +29,6 @@ from postlane.providers.http import (
     retry_after_of,
 )
 from postlane.providers.mime import (
-    KEY_HEADER,
     check_delivery,
     json_attachments,
     key_digest,
@@ -130,8 +129,7 @@ def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, 
         "to": [wire_address(delivery.recipient, field="to", utf8=False,
                             transport=RESEND_NO_UTF8)],
         "subject": delivery.subject,
-        "headers": {**wire_headers(delivery.headers, utf8=False, transport=RESEND_NO_UTF8),
-                    KEY_HEADER: delivery.key},
+        "headers": wire_headers(delivery, utf8=False, transport=RESEND_NO_UTF8),
         # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
         "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
                  {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],

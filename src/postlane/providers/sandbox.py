@@ -29,6 +29,7 @@ from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError
 from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import wire_headers
 from postlane.providers.progress import current_progress
 
 
@@ -233,6 +234,9 @@ class SandboxProvider(Provider):
             dedup_window=timedelta(seconds=self.engine.config.dedup_window_s),
             can_lookup_by_key=True,
         )
+        self.sample_headers: dict[str, dict[str, str]] = {}
+        """Per lane, the headers of the first message accepted (``wire_headers``), so a demo
+        can show what a bulk message carried (its ``List-Unsubscribe``)."""
 
     def with_config(self, **changes: Any) -> SandboxProvider:
         return SandboxProvider(replace(self.engine.config, **changes))
@@ -249,6 +253,8 @@ class SandboxProvider(Provider):
         progress.reach(Phase.RESPONSE)
         answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id,
                                     [part.describe() for part in delivery.attachments])
+        if answer.status == 200 and delivery.lane not in self.sample_headers:
+            self.sample_headers[delivery.lane] = wire_headers(delivery)
         if answer.hang and config.timeout_delay_s:
             await asyncio.sleep(config.timeout_delay_s)
         return outcome_of(answer).at(Phase.RESPONSE)

@@ -43,7 +43,6 @@ from postlane.core.records import (
     bound_response,
     check_template_id,
     import_counts_from_rows,
-    suppression_for,
 )
 from postlane.core.validation import Limits
 from postlane.errors import StoreError
@@ -102,7 +101,6 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "find_conditions",
     "import_counts_from_rows",
     "json_text",
-    "suppression_for",
 ]
 
 DELIVERY_COLUMNS: tuple[str, ...] = (

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from postlane.core.attachments import Attachment
+from postlane.core.deliverability import DEFAULT_POLICY, SuppressionPolicy
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
@@ -27,6 +28,7 @@ from postlane.core.records import (
     ImportCounts,
     ImportProgress,
     ImportRecord,
+    LaneDeliverability,
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
@@ -113,6 +115,15 @@ class FleetStore(Protocol):
 
     @abc.abstractmethod
     async def stats(self) -> Stats: ...
+
+    @abc.abstractmethod
+    async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
+        """Per lane, deliveries accepted and provider events received within ``window``:
+        the bounce and complaint rates providers judge a sender by."""
+
+    @abc.abstractmethod
+    async def provider_event_totals(self) -> dict[tuple[str, str], int]:
+        """Provider events kept, by (kind, lane; '' when the event matched no delivery)."""
 
 
 class WorkerStore(FleetStore, Protocol):
@@ -241,8 +252,11 @@ class OperatorStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def suppress(self, address: str, stream: str, reason: str,
-                       delivery_id: int | None = None) -> bool:
-        """Add an address to the suppression list; False if it was already there."""
+                       delivery_id: int | None = None, *, source_event: str | None = None,
+                       expires_in: timedelta | None = None) -> bool:
+        """Add an address to the suppression list for ``stream`` (a lane, or ``*``), until
+        removed or for ``expires_in``. An entry already there is replaced only by one that
+        ends later (an expired one by any); False when nothing was written."""
 
     @abc.abstractmethod
     async def unsuppress(self, address: str, stream: str | None = None) -> int:
@@ -371,11 +385,15 @@ class ApiKeyStore(Protocol):
 
 
 class ProviderEventStore(Protocol):
-    """Delivery events a provider reports by webhook (delivered, bounced, complained...),
-    each processed once. Used by ``postlane.webhooks`` only."""
+    """Delivery events a provider reports (delivered, bounced, complained...) by webhook,
+    DSN or one-click unsubscribe, each processed once. Used by ``postlane.webhooks`` and
+    ``postlane.unsubscribe`` only."""
 
     @abc.abstractmethod
-    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
-        """Process a provider event once: attach it to its delivery (by provider message id)
-        in the timeline, move the provider status only forward, and suppress the address on
-        a hard bounce or a complaint."""
+    async def record_provider_event(
+        self, event: ProviderEvent, policy: SuppressionPolicy = DEFAULT_POLICY,
+    ) -> ProviderEventResult:
+        """Process a provider event once: attach it to its delivery (see ``ProviderEvent``
+        for how it is found) in the timeline, move the provider status only forward, and
+        suppress the address as ``core.deliverability.suppression_for`` says (counting the
+        address's recent soft bounces under ``policy``), all in one transaction."""

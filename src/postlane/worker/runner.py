@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
-from postlane.core.message import Delivery
+from postlane.core.message import EMAIL, Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import (
     Decision,
@@ -51,6 +51,7 @@ from postlane.core.policy import (
 )
 from postlane.core.records import Claim, Transition
 from postlane.core.states import DeadReason, State
+from postlane.core.unsubscribe import SECRET_ENV, UnsubscribeConfig
 from postlane.core.validation import redact_address
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
@@ -96,6 +97,9 @@ class WorkerConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    unsubscribe: UnsubscribeConfig | None = None
+    """Signs the one-click unsubscribe headers of bulk lanes' mail (``core.unsubscribe``);
+    None: bulk mail goes without them (a warning says so at start)."""
 
 
 Observer = Callable[[Delivery, Decision], None]
@@ -185,6 +189,11 @@ class Worker:
         await self.controls.refresh()
         log.info("worker %s started: lanes %s, concurrency %d, provider %s", self.owner,
                  self.floors, self.config.concurrency, self.provider.name)
+        bulk = [lane.name for lane in self.config.lanes if lane.bulk]
+        if bulk and self.config.unsubscribe is None:
+            log.warning("bulk lane(s) %s send without List-Unsubscribe: set %s and "
+                        "--unsubscribe-url (docs/deliverability.md)", ", ".join(bulk),
+                        SECRET_ENV)
         try:
             async with asyncio.TaskGroup() as group:
                 background = [
@@ -446,6 +455,7 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
+        delivery = self._with_unsubscribe(lane, delivery)
         started = self.clock.monotonic()
         # A hard deadline, the lane's own, classified by the phase the send reached
         # (worker/attempt.py).
@@ -483,6 +493,16 @@ class Worker:
                       delivery.id, type(exc).__name__, exc)
         finally:
             self._release_slot(delivery)
+
+    def _with_unsubscribe(self, lane: LaneConfig, delivery: Delivery) -> Delivery:
+        """The delivery with its one-click unsubscribe headers, on a bulk lane (computed per
+        send, never stored: the same bytes every attempt, from the key and the secret)."""
+        config = self.config.unsubscribe
+        if (config is None or delivery.channel != EMAIL
+                or not config.applies(lane.bulk, delivery.template_id)):
+            return delivery
+        return replace(delivery, unsubscribe=config.for_recipient(
+            delivery.recipient, delivery.lane, delivery.id))
 
     # -- reporting -------------------------------------------------------------------------
     def _report(
