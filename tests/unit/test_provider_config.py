@@ -184,7 +184,7 @@ def test_caller_headers_add_to_postlanes_but_never_replace_the_id_or_the_key() -
                                           "Reply-To": "<u@example.org>"}),
                         "alice@example.org")
     assert built.get_all("Date") == ["Fri, 03 Jan 2025 00:00:00 +0000"]
-    assert built["Reply-To"] == "<u@example.org>"
+    assert built["Reply-To"] == "u@example.org"  # an address header, converted like To
     for name in ("X-Postlane-Key", "Message-ID", "Bcc", "From", "List-Unsubscribe"):
         with pytest.raises(InvalidHeader):
             build_email(delivery(headers={name: "<other@example.org>"}), "alice@example.org")
