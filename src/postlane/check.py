@@ -55,8 +55,10 @@ from postlane.store.probe import probe_postgres, sqlite_applied
 Status = Literal["ok", "warn", "fail"]
 
 BUDGET_FRACTION = 2 / 3
-"""A lane's expected retry budget must fit in this fraction of its expiry (the seed text:
-"roughly two-thirds of the token lifetime"), leaving the rest for the send and the reader."""
+"""The default of ``LaneConfig.retry_budget``: a lane's expected retries must fit in this
+fraction of its expiry (the seed text: "roughly two-thirds of the token lifetime"), leaving
+the rest for the send and the reader. The worker enforces each lane's own fraction
+(``core.policy``); this check says ahead of time when retries would be cut short."""
 DEFAULT_TIMEOUT_S = 5.0
 PROVIDER_TIMEOUT_S = 15.0
 
@@ -584,25 +586,32 @@ def check_retry_budgets(lanes: Sequence[LaneConfig],
                                     f"lane {lane.name}: no expiry; {spent}"))
             continue
         expiry = lane.default_expiry.total_seconds()
-        limit = expiry * BUDGET_FRACTION
+        limit = expiry * lane.retry_budget
+        share = _fraction(lane.retry_budget)
         if expected > limit:
             findings.append(Finding(
                 "retry budget", "fail",
-                f"lane {lane.name}: {spent}, more than two-thirds of its {human(expiry)} "
+                f"lane {lane.name}: {spent}, more than {share} of its {human(expiry)} "
                 f"expiry ({human(limit)}): the last retries would deliver messages nobody can "
                 "use any more (a reset link that has expired) instead of failing while the "
                 "user can still ask for a fresh one",
                 f"lower the lane's max_attempts or lengthen its expiry to at least "
-                f"{human(expected / BUDGET_FRACTION)}",
+                f"{human(expected / lane.retry_budget)} (the worker stops retrying at "
+                f"{share} of it)",
             ))
         else:
             findings.append(Finding("retry budget", "ok",
-                                    f"lane {lane.name}: {spent}, within two-thirds of its "
+                                    f"lane {lane.name}: {spent}, within {share} of its "
                                     f"{human(expiry)} expiry"))
     return findings
 
 
 # -- wording -----------------------------------------------------------------------------
+def _fraction(value: float) -> str:
+    """``two-thirds`` for the default retry budget, else a percentage."""
+    return "two-thirds" if abs(value - BUDGET_FRACTION) < 1e-9 else f"{value:.0%}"
+
+
 def human(seconds: float) -> str:
     """``31 s``, ``10 min 20 s``, ``2 h 7 min``."""
     seconds = round(seconds)

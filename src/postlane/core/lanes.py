@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Literal
 
 from postlane.core.durations import parse_duration
+from postlane.core.fallback import FallbackPolicy
 from postlane.errors import ConfigurationError
 
 AmbiguityPolicy = Literal["hold", "resend"]
@@ -44,6 +45,14 @@ class LaneConfig:
     attempt_timeout_s: float | None = None
     """Longest wait for the provider's answer to one attempt; past it the attempt is
     ambiguous. None: the worker's ``attempt_timeout_s``."""
+    retry_budget: float = 2 / 3
+    """Fraction of a message's validity window (enqueue to expiry) its retries may use: a
+    retry that would start later is not made, and the message is dead-lettered
+    (``budget_exhausted``) while what is left of the window still lets the user ask again
+    (the seed text: "roughly two-thirds of the token lifetime"). Throttled and account
+    waits spend no attempt and may use the whole window."""
+    sms_fallback: FallbackPolicy = FallbackPolicy()
+    """When a message of this lane that carries an SMS fallback gets it (``core.fallback``)."""
 
 
 DEFAULT_LANES: tuple[LaneConfig, ...] = (
@@ -139,6 +148,9 @@ def check_lanes(lanes: Sequence[LaneConfig]) -> None:
     for lane in lanes:
         if lane.max_attempts < 1:
             raise ConfigurationError(f"lane {lane.name}: max_attempts must be at least 1")
+        if not (math.isfinite(lane.retry_budget) and 0 < lane.retry_budget <= 1):
+            raise ConfigurationError(f"lane {lane.name}: retry_budget must be a fraction in "
+                                     f"(0, 1], got {lane.retry_budget!r}")
         check_lane_timings(lane)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.message import EMAIL, Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
     Claim,
@@ -123,10 +123,10 @@ class WorkerStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
-        exclude_imports: Sequence[str] = (),
+        exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
-        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
-        skipping those of paused imports. A row that cannot be read back comes as an
+        """Lease up to ``limit`` ready deliveries of ``lane`` and ``channel`` (the one the
+        worker's provider sends) to ``owner``, oldest first, skipping those of paused imports. A row that cannot be read back comes as an
         ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
         fails the batch (see ``postlane.store.unreadable``)."""
 
@@ -161,9 +161,11 @@ class WorkerStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def list_ambiguous(
-        self, limit: int = 100, lanes: Sequence[str] | None = None
+        self, limit: int = 100, lanes: Sequence[str] | None = None,
+        channel: str | None = None,
     ) -> list[Delivery]:
-        """Ambiguous deliveries (of ``lanes``, default all), oldest first, for reconciliation."""
+        """Ambiguous deliveries (of ``lanes`` and ``channel``, default all), oldest first, for
+        reconciliation: a worker asks its own provider only about its own channel."""
 
     @abc.abstractmethod
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...

@@ -297,7 +297,7 @@ class Worker:
         wakeup.clear()
         claiming = asyncio.ensure_future(self.store.claim_batch(
             lane, capacity, self.owner, self.config.lease,
-            exclude_imports=self.controls.paused_imports,
+            exclude_imports=self.controls.paused_imports, channel=self.provider.channel,
         ))
         try:
             batch = await asyncio.shield(claiming)
