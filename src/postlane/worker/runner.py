@@ -61,6 +61,7 @@ from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.housekeeping import Housekeeping
 from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
@@ -164,6 +165,7 @@ class Worker:
             reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
             interval_s=config.controls_interval_s,
             drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
+            housekeeping=Housekeeping(store, self.lanes),
         )
 
         # Slot accounting of the lanes (core.lanes.may_start reads these).

@@ -15,7 +15,7 @@ CREATE INDEX postlane_deliveries_sms_fallback ON postlane_deliveries (created_at
 -- One row per email whose fallback was created: the pair, and why.
 CREATE TABLE postlane_sms_fallbacks (
     email_id   BIGINT PRIMARY KEY REFERENCES postlane_deliveries (id) ON DELETE CASCADE,
-    sms_id     BIGINT NOT NULL,
+    sms_id     BIGINT,  -- NULL: the policy does not fall back on this; no SMS
     reason     TEXT NOT NULL CHECK (reason IN ('dead', 'expired', 'unsent')),
     created_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );

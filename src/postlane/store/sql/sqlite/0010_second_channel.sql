@@ -13,7 +13,7 @@ CREATE INDEX postlane_deliveries_sms_fallback ON postlane_deliveries (created_at
 
 CREATE TABLE postlane_sms_fallbacks (
     email_id   INTEGER PRIMARY KEY REFERENCES postlane_deliveries (id) ON DELETE CASCADE,
-    sms_id     INTEGER NOT NULL,
+    sms_id     INTEGER,  -- NULL: the policy does not fall back on this; no SMS
     reason     TEXT NOT NULL CHECK (reason IN ('dead', 'expired', 'unsent')),
     created_at REAL NOT NULL
 );
