@@ -7,11 +7,11 @@ one object, so they cannot disagree.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
-from postlane.core.records import Control, Stats
+from postlane.core.records import ChannelStats, Control, Stats
 from postlane.store.roles import FleetStore
 from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
@@ -26,6 +26,8 @@ class FleetStatus:
     """Unix time of the reading."""
     query_s: float
     """How long the queries took."""
+    channels: ChannelStats = field(default_factory=lambda: ChannelStats({}, {}))
+    """Pending by channel and SMS fallbacks by trigger."""
 
     @property
     def paused_lanes(self) -> list[str]:
@@ -48,6 +50,7 @@ class FleetStatus:
         data["paused_lanes"] = self.paused_lanes
         data["paused_imports"] = self.paused_imports
         data["breakers"] = self.breakers
+        data.update(self.channels.as_json())
         return data
 
 
@@ -61,8 +64,9 @@ def breaker_reason(record: dict[str, Any]) -> str:
 
 
 async def fleet_status(store: FleetStore) -> FleetStatus:
-    """Read the four numbers and the controls (five queries; see the module docstring)."""
+    """Read the four numbers and the controls (six queries; see the module docstring)."""
     started = time.perf_counter()
     stats = await store.stats()
     controls = await store.get_controls()
-    return FleetStatus(stats, controls, time.time(), time.perf_counter() - started)
+    channels = await store.channel_stats()
+    return FleetStatus(stats, controls, time.time(), time.perf_counter() - started, channels)

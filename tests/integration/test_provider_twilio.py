@@ -32,8 +32,8 @@ from postlane.providers.registry import open_provider
 from postlane.providers.sandbox_server import bind
 from postlane.providers.twilio import TwilioProvider
 from postlane.store import Store
-from tests.factories import delivery
 from postlane.worker import Worker
+from tests.factories import delivery
 from tests.integration.worker_helpers import fast_config, in_state, running
 
 SID = "AC" + "0123456789abcdef" * 2

@@ -202,12 +202,12 @@ async def test_a_sent_email_never_falls_back_and_a_declined_one_is_recorded(
 
 async def test_a_bad_fallback_is_refused_at_enqueue_and_nothing_stored(
         store: Store, side: SideDB) -> None:
-    with pytest.raises(InvalidAddress, match="sms_fallback.to"):
+    with pytest.raises(InvalidAddress, match=r"sms_fallback\.to"):
         await store.enqueue(reset("reset:b1", to="0151 1234"))
     with pytest.raises(InvalidMessage, match="segments"):
         await store.enqueue(reset("reset:b2", text="ж" * 700))
     bad = replace(msg("reset:b3"), metadata={"sms_fallback": {"to": PHONE}})
-    with pytest.raises(InvalidMessage, match="sms_fallback.text"):
+    with pytest.raises(InvalidMessage, match=r"sms_fallback\.text"):
         await store.enqueue(bad)
     bad = replace(msg("reset:b4"), metadata={"sms_fallback": {"to": PHONE, "text": "x",
                                                               "on": ["never"]}})

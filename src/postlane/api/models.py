@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
-from postlane.core.records import DeadLetter, Event
+from postlane.core.records import DeadLetter, Event, FallbackPair
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
 
@@ -185,9 +185,27 @@ class EventOut(BaseModel):
         return cls(at=e.at, kind=e.kind, state=e.state, data=dict(e.data))
 
 
+class FallbackOut(BaseModel):
+    """An email and the SMS delivery created as its fallback (docs/sms.md)."""
+
+    email_id: int
+    sms_id: int | None = Field(description="None: the email met a trigger its policy does "
+                                           "not fall back on; no SMS was made.")
+    reason: str = Field(description="dead, expired or unsent.")
+    created_at: datetime
+
+    @classmethod
+    def of(cls, pair: FallbackPair) -> FallbackOut:
+        return cls(email_id=pair.email_id, sms_id=pair.sms_id, reason=pair.reason,
+                   created_at=pair.created_at)
+
+
 class MessageDetail(BaseModel):
     message: MessageOut
     timeline: list[EventOut]
+    fallback: FallbackOut | None = Field(
+        default=None, description="The SMS fallback pair this message belongs to (as the "
+                                  "email or as the SMS), if any.")
 
 
 class MessageList(BaseModel):
@@ -316,6 +334,12 @@ class StatusOut(BaseModel):
     paused_lanes: list[str]
     paused_imports: list[str]
     breakers: dict[str, dict[str, Any]]
+    pending_by_channel: dict[str, int] = Field(
+        default_factory=dict, description="Pending deliveries by channel (email, sms): each "
+                                          "channel needs a worker of its own.")
+    sms_fallbacks: dict[str, int] = Field(
+        default_factory=dict, description="SMS fallbacks created, by trigger (dead, expired, "
+                                          "unsent; no_sms: decided, none sent).")
 
 
 class WebhookOut(BaseModel):

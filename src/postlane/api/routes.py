@@ -20,6 +20,7 @@ from postlane.api.models import (
     DiscardIn,
     DiscardOut,
     EventOut,
+    FallbackOut,
     IsoTime,
     LaneControlOut,
     MessageAccepted,
@@ -129,8 +130,10 @@ async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) ->
     if delivery is None:
         raise not_found(f"no message with id {delivery_id}")
     events = await store.timeline(delivery.id)
+    pair = await store.sms_fallback_pair(delivery.id)
     return MessageDetail(message=MessageOut.of(delivery),
-                         timeline=[EventOut.of(e) for e in events])
+                         timeline=[EventOut.of(e) for e in events],
+                         fallback=FallbackOut.of(pair) if pair is not None else None)
 
 
 @router.get("/messages", response_model=MessageList, tags=["messages"],

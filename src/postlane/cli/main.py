@@ -152,6 +152,13 @@ def status(
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
+    channels = stats["pending_by_channel"]
+    if set(channels) - {"email"}:  # a channel needs a worker of its own (--provider)
+        console.print("pending by channel: " + "  ".join(f"{k}={v}" for k, v in
+                                                         sorted(channels.items())))
+    if stats["sms_fallbacks"]:
+        console.print("sms fallbacks: " + "  ".join(f"{k}={v}" for k, v in
+                                                    sorted(stats["sms_fallbacks"].items())))
     if stats["paused_lanes"] or stats["paused_imports"]:
         console.print(f"[yellow]paused:[/yellow] lanes "
                       f"{escape(', '.join(stats['paused_lanes']) or 'none')}; imports "

@@ -51,6 +51,10 @@ class FallbackPolicy:
     """``unsent`` fires this long after enqueue; None: never (only dead and expired)."""
 
 
+DEFAULT_FALLBACK = FallbackPolicy()
+"""Dead and expired fall back; unsent only where a lane or the message sets a time."""
+
+
 @dataclass(frozen=True, slots=True)
 class FallbackSpec:
     """One email's fallback, as ``metadata["sms_fallback"]`` holds it."""
@@ -188,14 +192,14 @@ def fallback_message(email: Delivery, spec: FallbackSpec, reason: str,
 
 
 def parse_policy(text: str) -> FallbackPolicy:
-    """``dead,expired`` / ``dead,expired,unsent@2m`` / ``none`` -> a lane's policy (the
+    """``dead+expired`` / ``dead+expired+unsent@2m`` / ``none`` -> a lane's policy (the
     command line's ``--sms-fallback interactive=...``)."""
     text = text.strip()
     if text in ("", "none", "off"):
         return FallbackPolicy(on=frozenset(), after_s=None)
     on: set[str] = set()
     after_s: float | None = None
-    for part in text.split(","):
+    for part in text.split("+"):
         name, _, after = part.strip().partition("@")
         if name not in TRIGGERS:
             raise ConfigurationError(f"--sms-fallback: unknown trigger {name!r} "

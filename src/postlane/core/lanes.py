@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Literal
 
 from postlane.core.durations import parse_duration
-from postlane.core.fallback import FallbackPolicy
+from postlane.core.fallback import DEFAULT_FALLBACK, FallbackPolicy, parse_policy
 from postlane.errors import ConfigurationError
 
 AmbiguityPolicy = Literal["hold", "resend"]
@@ -51,7 +51,7 @@ class LaneConfig:
     (``budget_exhausted``) while what is left of the window still lets the user ask again
     (the seed text: "roughly two-thirds of the token lifetime"). Throttled and account
     waits spend no attempt and may use the whole window."""
-    sms_fallback: FallbackPolicy = FallbackPolicy()
+    sms_fallback: FallbackPolicy = DEFAULT_FALLBACK
     """When a message of this lane that carries an SMS fallback gets it (``core.fallback``)."""
 
 
@@ -122,6 +122,46 @@ def with_lane_timings(
     for lane in result:
         check_lane_timings(lane)
     return result
+
+
+def per_lane_text(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str, str]:
+    """``interactive=X,bulk=Y`` -> ``{lane: text}``; one bare value sets every lane."""
+    names = [lane.name for lane in lanes]
+    if "=" not in text:
+        return dict.fromkeys(names, text.strip())
+    values: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name.strip() not in names:
+            raise ConfigurationError(f"{what} {part.strip()!r} does not name a configured lane "
+                                     f"({', '.join(names)})")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def with_lane_policies(
+    lanes: Sequence[LaneConfig], *, retry_budget: str | None = None,
+    sms_fallback: str | None = None,
+) -> tuple[LaneConfig, ...]:
+    """The lanes with ``--retry-budget`` (``interactive=0.5``: the fraction of a message's
+    validity window its retries may use) and ``--sms-fallback`` (``interactive=dead+unsent@2m``,
+    ``bulk=none``) applied."""
+    budgets = per_lane_text(retry_budget, lanes, "--retry-budget") if retry_budget else {}
+    fallbacks = per_lane_text(sms_fallback, lanes, "--sms-fallback") if sms_fallback else {}
+    result = []
+    for lane in lanes:
+        budget = lane.retry_budget
+        if lane.name in budgets:
+            try:
+                budget = float(budgets[lane.name])
+            except ValueError:
+                raise ConfigurationError(f"--retry-budget {lane.name}: "
+                                         f"{budgets[lane.name]!r} is not a number") from None
+        policy = (parse_policy(fallbacks[lane.name]) if lane.name in fallbacks
+                  else lane.sms_fallback)
+        result.append(replace(lane, retry_budget=budget, sms_fallback=policy))
+    check_lanes(result)
+    return tuple(result)
 
 
 def _positive_seconds(text: str, what: str) -> float:

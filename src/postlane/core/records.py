@@ -372,3 +372,15 @@ class ImportCanary:
         return {"size": self.size, "state": self.state, "reason": self.reason,
                 "deliveries": dict(self.states), "held": self.held,
                 "settled_at": self.settled_at.isoformat() if self.settled_at else None}
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    """Ready work by channel (a channel without a worker of its own only grows) and the SMS
+    fallbacks created so far by trigger (``no_sms``: decided, none sent)."""
+
+    pending: dict[str, int]
+    fallbacks: dict[str, int]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"pending_by_channel": dict(self.pending), "sms_fallbacks": dict(self.fallbacks)}

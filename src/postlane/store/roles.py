@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from postlane.core.message import EMAIL, Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
+    ChannelStats,
     Claim,
     Control,
     DeadLetter,
@@ -115,6 +116,10 @@ class FleetStore(Protocol):
     @abc.abstractmethod
     async def stats(self) -> Stats: ...
 
+    @abc.abstractmethod
+    async def channel_stats(self) -> ChannelStats:
+        """Pending deliveries by channel, and SMS fallbacks created by trigger."""
+
 
 class HousekeepingStore(Protocol):
     """What the worker's housekeeping does besides leases: SMS fallbacks that fell due and
@@ -162,9 +167,10 @@ class WorkerStore(FleetStore, HousekeepingStore, Protocol):
         exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
         """Lease up to ``limit`` ready deliveries of ``lane`` and ``channel`` (the one the
-        worker's provider sends) to ``owner``, oldest first, skipping those of paused imports. A row that cannot be read back comes as an
-        ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
-        fails the batch (see ``postlane.store.unreadable``)."""
+        worker's provider sends) to ``owner``, oldest first, skipping those of paused
+        imports. A row that cannot be read back comes as an ``UnreadableDelivery`` (as from
+        every read of deliveries), never as an error that fails the batch (see
+        ``postlane.store.unreadable``)."""
 
     @abc.abstractmethod
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:

@@ -14,7 +14,9 @@ from postlane.core.canary import HELD_BEYOND, HOLD
 from postlane.core.fallback import CANDIDATE_STATES
 from postlane.core.message import Delivery, Message
 from postlane.core.producers import FALLBACK_PRODUCER
-from postlane.core.records import FallbackPair, ImportCanary
+from postlane.core.records import ChannelStats, FallbackPair, ImportCanary
+from postlane.store.base import CHANNEL_STATS as _CHANNEL_STATS
+from postlane.store.base import channel_stats as _channel_stats
 from postlane.store.postgres._base import _COLS, PostgresBase, _deliveries
 from postlane.store.postgres._producing import enqueue_on_connection
 
@@ -102,6 +104,12 @@ class SecondChannelMixin(PostgresBase):
         if sms_id is not None:
             self._wakeup.set()
         return FallbackPair(*pair_row)
+
+    async def channel_stats(self) -> ChannelStats:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CHANNEL_STATS)
+            rows = await cur.fetchall()
+        return _channel_stats(rows)
 
     async def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
         async with self._pool.connection() as conn:

@@ -13,7 +13,9 @@ from postlane.core.canary import HELD_BEYOND
 from postlane.core.fallback import CANDIDATE_STATES
 from postlane.core.message import Delivery, Message
 from postlane.core.producers import FALLBACK_PRODUCER
-from postlane.core.records import FallbackPair, ImportCanary
+from postlane.core.records import ChannelStats, FallbackPair, ImportCanary
+from postlane.store.base import CHANNEL_STATS as _CHANNEL_STATS
+from postlane.store.base import channel_stats as _channel_stats
 from postlane.store.sqlite._base import _COLS, _INSERT_EVENT, NOW, SQLiteBase, _dt, _opt_dt, _read
 from postlane.store.sqlite._producing import insert_one
 
@@ -86,6 +88,10 @@ class SecondChannelMixin(SQLiteBase):
         if created is not None and created.sms_id is not None:
             self._wakeup.set()
         return created
+
+    async def channel_stats(self) -> ChannelStats:
+        return _channel_stats(await self._run(
+            lambda: self.conn.execute(_CHANNEL_STATS).fetchall()))
 
     async def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
         def _get() -> FallbackPair | None:
