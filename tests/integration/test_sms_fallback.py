@@ -214,3 +214,61 @@ async def test_a_bad_fallback_is_refused_at_enqueue_and_nothing_stored(
     with pytest.raises(InvalidMessage, match="unknown trigger"):
         await store.enqueue(bad)
     assert side.count("postlane_deliveries") == 0
+
+
+async def test_a_fleet_of_sweepers_on_their_own_connections_creates_each_fallback_once(
+        store: Store, side: SideDB) -> None:
+    """Stress: 60 emails past their time, four stores (connections) of their own sweeping at
+    once, each several times, in small batches: exactly one SMS and one pair per email."""
+    from conftest import store_url
+
+    from postlane import open_store
+
+    results = await store.enqueue_many([reset(f"reset:s{i}", after=timedelta(seconds=30))
+                                        for i in range(60)])
+    for r in results:
+        side.shift(r.id, "created_at", -60.0)
+    stores = [await open_store(store_url(store)).__aenter__() for _ in range(4)]
+    try:
+        async def sweep(s: Store) -> int:
+            keeper = sweeper(s)
+            total = 0
+            for _ in range(8):
+                total += await keeper.fallbacks()
+            return total
+        import postlane.worker.housekeeping as housekeeping_module
+
+        housekeeping_module.BATCH = 7  # many small overlapping rounds
+        try:
+            created = await asyncio.gather(*(sweep(s) for s in stores))
+        finally:
+            housekeeping_module.BATCH = 100
+    finally:
+        for s in stores:
+            await s.close()
+    rest = await sweeper(store).fallbacks()  # what the rounds did not reach
+    assert sum(created) + rest == 60
+    assert side.count("postlane_deliveries", "channel = 'sms'") == 60
+    assert side.count("postlane_sms_fallbacks") == 60
+    assert side.count("postlane_events", "kind = 'fallback_of'") == 60
+    assert side.count("postlane_events", "kind = 'sms_fallback'") == 60
+
+
+async def test_the_guard_refuses_an_email_that_moved_on(store: Store) -> None:
+    from postlane.core.fallback import fallback_message, spec_of
+
+    r = await store.enqueue(reset("reset:race", after=timedelta(seconds=1)))
+    email = await store.get(r.id)
+    assert email is not None
+    spec = spec_of(email.metadata)
+    assert spec is not None
+    [claimed] = await store.claim_batch("interactive", 1, "w", LEASE)
+    from postlane.core.records import Transition
+
+    await store.set_state_if_sending_many("w", [Transition(
+        id=claimed.id, claims=claimed.claims, state=State.SENT, event="sent")])
+    # The sweep saw it pending; meanwhile it was sent: no SMS.
+    assert await store.create_sms_fallback(
+        r.id, ["pending"], fallback_message(email, spec, "unsent"), "unsent") is None
+    assert await fallback_of(store, "reset:race") is None
+    assert await store.sms_fallback_pair(r.id) is None

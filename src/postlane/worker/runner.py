@@ -242,7 +242,13 @@ class Worker:
         if self._send_tasks or self._held or self.acker.pending:
             return False
         states = (await self.store.stats()).states
-        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
+        if states.get("sending", 0):
+            return False
+        # Only this worker's channel: SMS waiting for an SMS worker is not this one's to send.
+        pending = states.get("pending", 0)
+        if pending:
+            pending = (await self.store.channel_stats()).pending.get(self.provider.channel, 0)
+        return pending == 0
 
     def _wake_lanes(self) -> None:
         for event in self._lane_wakeup.values():
