@@ -8,15 +8,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 from test_api import Api, api, body  # noqa: F401  (api: the fixture)
+from test_sms_fallback import sweeper
 
 from postlane.core.records import Transition
 from postlane.core.states import State
-from test_sms_fallback import sweeper
 
 FALLBACK = {"to": "+14155550100", "text": "Your reset code is 123456"}
 
 
-async def test_either_half_of_the_pair_names_the_other(api: Api) -> None:  # noqa: F811
+async def test_either_half_of_the_pair_names_the_other(api: Api) -> None:
     sent = await api.send("reset:api", body(metadata={"sms_fallback": FALLBACK}))
     assert sent.status_code == 201, sent.text
     email_id = sent.json()["id"]
@@ -45,7 +45,7 @@ async def test_either_half_of_the_pair_names_the_other(api: Api) -> None:  # noq
     assert detail["fallback"] is None
 
 
-async def test_a_bad_fallback_is_refused_and_nothing_stored(api: Api) -> None:  # noqa: F811
+async def test_a_bad_fallback_is_refused_and_nothing_stored(api: Api) -> None:
     answer = await api.send("reset:bad", body(metadata={"sms_fallback": {
         "to": "0151-1234", "text": "x"}}))
     assert answer.status_code == 422, answer.text
