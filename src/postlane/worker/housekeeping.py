@@ -61,7 +61,9 @@ class Housekeeping:
                 await self.store.create_sms_fallback(email.id, [str(email.state)], None,
                                                      _trigger(email.state))
                 continue
-            if spec is None:
+            if spec is None:  # an unreadable row: nothing to send, stop looking at it
+                await self.store.create_sms_fallback(email.id, [str(email.state)], None,
+                                                     _trigger(email.state))
                 continue
             if fallback.final(email, spec, policy):
                 await self.store.create_sms_fallback(email.id, [str(email.state)], None,

@@ -21,12 +21,14 @@ from postlane.store.sqlite._producing import insert_one
 
 _CANDIDATES = f"""
 SELECT {_COLS} FROM postlane_deliveries AS d
-WHERE json_type(metadata, '$.sms_fallback') IS NOT NULL
+WHERE CASE WHEN json_valid(metadata) THEN json_type(metadata, '$.sms_fallback') END
+          IS NOT NULL
   AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')  -- the partial index
   AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
   AND (state IN ('dead', 'expired')
-       OR created_at + COALESCE(json_extract(metadata, '$.sms_fallback.after_s'), :after_s)
-          <= {NOW})
+       OR created_at + COALESCE(CASE WHEN json_valid(metadata) THEN
+                                json_extract(metadata, '$.sms_fallback.after_s') END,
+                                :after_s) <= {NOW})
 ORDER BY created_at, id
 LIMIT :limit
 """

@@ -6,9 +6,12 @@ CREATE INDEX postlane_deliveries_ready_channel ON postlane_deliveries (lane, cha
     WHERE state = 'pending';
 DROP INDEX IF EXISTS postlane_deliveries_ready;
 
--- Emails that carry an SMS fallback and may still need it: what the sweep reads.
+-- Emails that carry an SMS fallback and may still need it: what the sweep reads. Guarded by
+-- json_valid (CASE is lazy): a row whose metadata is not JSON (a poison row another program
+-- wrote) must stay writable, so its dead letter can be recorded.
 CREATE INDEX postlane_deliveries_sms_fallback ON postlane_deliveries (created_at, id)
-    WHERE json_type(metadata, '$.sms_fallback') IS NOT NULL
+    WHERE CASE WHEN json_valid(metadata) THEN json_type(metadata, '$.sms_fallback') END
+          IS NOT NULL
       AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired');
 
 CREATE TABLE postlane_sms_fallbacks (
