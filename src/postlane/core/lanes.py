@@ -160,7 +160,7 @@ def with_lane_policies(
         policy = (parse_policy(fallbacks[lane.name]) if lane.name in fallbacks
                   else lane.sms_fallback)
         result.append(replace(lane, retry_budget=budget, sms_fallback=policy))
-    check_lanes(result)
+        check_retry_budget(result[-1])
     return tuple(result)
 
 
@@ -188,10 +188,14 @@ def check_lanes(lanes: Sequence[LaneConfig]) -> None:
     for lane in lanes:
         if lane.max_attempts < 1:
             raise ConfigurationError(f"lane {lane.name}: max_attempts must be at least 1")
-        if not (math.isfinite(lane.retry_budget) and 0 < lane.retry_budget <= 1):
-            raise ConfigurationError(f"lane {lane.name}: retry_budget must be a fraction in "
-                                     f"(0, 1], got {lane.retry_budget!r}")
+        check_retry_budget(lane)
         check_lane_timings(lane)
+
+
+def check_retry_budget(lane: LaneConfig) -> None:
+    if not (math.isfinite(lane.retry_budget) and 0 < lane.retry_budget <= 1):
+        raise ConfigurationError(f"lane {lane.name}: retry_budget must be a fraction in "
+                                 f"(0, 1], got {lane.retry_budget!r}")
 
 
 def check_lane_timings(lane: LaneConfig) -> None:
