@@ -144,3 +144,15 @@ def test_a_canary_that_sent_nothing_fails() -> None:
     result = verdict({"suppressed": 2, "cancelled": 1}, None)
     assert result is not None and result[0] is False
     assert "no canary delivery was sent" in result[1]
+
+
+def test_email_providers_never_see_the_fallbacks_phone_number() -> None:
+    from postlane.providers.http import generic_payload
+    from postlane.providers.postmark import postmark_payload
+
+    metadata = {"order": "8812", "sms_fallback": {"to": "+14155550100", "text": "code 1"}}
+    d = delivery("reset:9", metadata=metadata)
+    for payload in (generic_payload(d, None)["metadata"],
+                    postmark_payload(d, None)["Metadata"]):
+        assert payload["order"] == "8812" and "sms_fallback" not in payload
+        assert "+14155550100" not in str(payload)

@@ -52,7 +52,7 @@ from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
-from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.mime import KEY_HEADER, check_delivery, provider_metadata, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
 
@@ -341,7 +341,7 @@ def generic_payload(delivery: Delivery, default_sender: str | None, *,
         "text": delivery.text,
         "html": delivery.html,
         "headers": {**delivery.headers, KEY_HEADER: delivery.key},
-        "metadata": {**delivery.metadata, "postlane_key": delivery.key,
+        "metadata": {**provider_metadata(delivery), "postlane_key": delivery.key,
                      "postlane_delivery_id": delivery.id},
         "template_id": delivery.template_id,
     }

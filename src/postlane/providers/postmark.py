@@ -30,7 +30,7 @@ from postlane.providers.http import (
     response_text,
     retry_after_of,
 )
-from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.mime import KEY_HEADER, check_delivery, provider_metadata, sender_of
 from postlane.providers.options import ProviderURL, Secret, secret
 
 POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
@@ -117,7 +117,7 @@ def postmark_payload(delivery: Delivery, default_sender: str | None,
         "Subject": delivery.subject,
         "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
         + [{"Name": KEY_HEADER, "Value": delivery.key}],
-        "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+        "Metadata": {**{k: str(v) for k, v in provider_metadata(delivery).items()},
                      "postlane_key": delivery.key,
                      "postlane_delivery_id": str(delivery.id)},
     }
