@@ -387,9 +387,10 @@ async def message(request: Request, delivery_id: int, s: Signed) -> HTMLResponse
             "missing": f"no message with id {delivery_id}"}, status_code=404)
     events = await s.store.timeline(delivery.id)
     entry = await s.store.dead_letter(delivery.id)
+    pair = await s.store.sms_fallback_pair(delivery.id)
     return render(request, "message.html", {
         "s": s, "m": MessageOut.of(delivery), "events": [EventOut.of(e) for e in events],
-        "dead": DeadLetterOut.of(entry) if entry else None,
+        "dead": DeadLetterOut.of(entry) if entry else None, "pair": pair,
         "age": timedelta(seconds=max(0.0, time.time() - delivery.created_at.timestamp())),
     })
 
