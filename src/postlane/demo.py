@@ -3,8 +3,10 @@
 A digest burst floods the bulk lane while password resets and verification codes arrive
 in the interactive lane; the sandbox provider throttles, fails, times out after accepting,
 and rejects a few addresses, like a real provider on a bad afternoon. The summary shows
-what a user should check: interactive latency, the ceiling, duplicates, dead letters, and the
-one-click unsubscribe headers a bulk digest carried (signed with a secret made for the run).
+what a user should check: interactive latency, the ceiling, duplicates, dead letters, the
+one-click unsubscribe headers a bulk digest carried (signed with a secret made for the run),
+and the SMS fallback of a reset whose email was refused (an SMS worker on
+``sandbox-sms://`` runs beside the email worker and sends it as a delivery of its own).
 
 Interactive latency is reported twice: for messages sent at their first claim, and for
 those that needed another (a 503, a timeout, a throttle), since the two answer different
@@ -29,12 +31,14 @@ from rich.live import Live
 from rich.table import Table
 
 from postlane.core.attachments import Attachment
+from postlane.core.fallback import with_sms_fallback
 from postlane.core.message import Message
 from postlane.core.records import Stats
 from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
+from postlane.providers.sms import SandboxSmsProvider
 from postlane.store.base import Store
 from postlane.worker import Worker, WorkerConfig
 
@@ -95,6 +99,8 @@ class DemoResult:
     dead_letters: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     duplicates_suppressed: int = 0
+    sms_fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Each email that fell back to SMS: its key, why, and the SMS delivery's fate."""
     ceiling_violations: int | None = None
     max_per_second: int | None = None
     interactive_p50_s: float = 0.0
@@ -115,7 +121,8 @@ class DemoResult:
 
     @property
     def ok(self) -> bool:
-        return self.duplicates == 0 and not self.ceiling_violations and (
+        return self.duplicates == 0 and not self.ceiling_violations and all(
+            f["state"] == "sent" for f in self.sms_fallbacks) and (
             self.states.get("pending", 0) + self.states.get("sending", 0) == 0)
 
     def as_json(self) -> dict[str, Any]:
@@ -132,7 +139,8 @@ class DemoResult:
             "interactive_retried": self.retried.as_json(),
             "bulk_drain_s": round(self.bulk_drain_s, 2), "elapsed_s": round(self.elapsed_s, 2),
             "retries": self.retries, "throttled": self.throttled, "ambiguous": self.ambiguous,
-            "states": self.states, "bulk_headers": self.bulk_headers, "ok": self.ok,
+            "states": self.states, "bulk_headers": self.bulk_headers,
+            "sms_fallbacks": self.sms_fallbacks, "ok": self.ok,
         }
 
 
@@ -150,9 +158,14 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
     worker = Worker(store, provider, limiter=limiter, config=WorkerConfig(
         lease=timedelta(seconds=15), poll_interval_s=0.5, unsubscribe=unsubscribe,
     ))
+    # The second channel: a worker of its own that claims SMS deliveries only.
+    texts = Worker(store, SandboxSmsProvider(SandboxConfig(seed=7)), config=WorkerConfig(
+        concurrency=4, batch_size=2, lease=timedelta(seconds=15), poll_interval_s=0.5,
+        rescue_interval_s=0.5))
     started = time.monotonic()
     await _enqueue_bulk(store, plan)
     worker_task = asyncio.create_task(worker.run())
+    texts_task = asyncio.create_task(texts.run())
     interactive_ids: list[int] = []
     producer = asyncio.create_task(_enqueue_interactive(store, plan, interactive_ids))
     bulk_done_at: float | None = None
@@ -170,15 +183,19 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
             active = stats.states["pending"] + stats.states["sending"]
             if producer.done() and active == 0:
                 break
-            if worker_task.done():
-                worker_task.result()  # a crashed worker ends the demo with its error
+            if worker_task.done() or texts_task.done():
+                for task in (worker_task, texts_task):  # a crashed worker ends the demo
+                    if task.done():
+                        task.result()
                 break
             await asyncio.sleep(0.25)
     finally:
         if view is not None:
             view.stop()
         worker.stop()
+        texts.stop()
         await worker_task
+        await texts_task
         producer.cancel()
         await limiter.close()
     elapsed = time.monotonic() - started
@@ -230,6 +247,9 @@ async def _enqueue_interactive(store: Store, plan: DemoPlan, ids: list[int]) -> 
                 else "Your verification code", text=f"Your code is {100000 + i}",
                 lane="interactive", expires_in=timedelta(minutes=15),
             )
+        if kind == "reset":  # should the email not arrive, the code goes by SMS
+            message = with_sms_fallback(message, to=f"+1415555{i % 10000:04d}",
+                                        text=f"Your password reset code is {100000 + i}")
         result = await store.enqueue(message)
         ids.append(result.id)
         await asyncio.sleep(plan.interactive_every_s)
@@ -330,6 +350,15 @@ async def _summarise(store: Store, provider: Provider, plan: DemoPlan, worker: W
     result.interactive_p50_s, result.interactive_p99_s = every.p50_s, every.p99_s
     result.interactive_max_s = every.max_s
     result.first_try, result.retried = Latency.of(first_try), Latency.of(retried)
+    for delivery_id in interactive_ids:
+        pair = await store.sms_fallback_pair(delivery_id)
+        if pair is None or pair.sms_id is None:
+            continue
+        email, sms = await store.get(pair.email_id), await store.get(pair.sms_id)
+        if email is not None and sms is not None:
+            result.sms_fallbacks.append({
+                "email_key": email.key, "reason": pair.reason, "sms_key": sms.key,
+                "state": str(sms.state), **sms.metadata.get("sms", {})})
     if isinstance(provider, SandboxProvider):
         seen = provider.engine.stats
         result.duplicates_suppressed = seen.duplicates_suppressed
@@ -366,6 +395,12 @@ def print_summary(result: DemoResult, console: Console, db_url: str, *,
                       "docs/deliverability.md):")
         for name, value in result.bulk_headers.items():
             console.print(f"  {name}: {value}", markup=False, highlight=False, soft_wrap=True)
+    falls = "; ".join(
+        f"{f['email_key']} {f['reason']} -> {f['sms_key']} {f['state']} "
+        f"({f.get('encoding', '?')}, {f.get('segments', '?')} segment(s))"
+        for f in result.sms_fallbacks) or "none"
+    console.print(f"SMS fallbacks: {len(result.sms_fallbacks)} ({falls})", markup=False,
+                  highlight=False)
     console.print()
     console.print("next, try:")
     db = shlex.quote(db_url)

@@ -13,7 +13,7 @@ from typing import Any
 
 from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
 from postlane.core.deliverability import BOUNCE_RATE_LIMIT, COMPLAINT_RATE_LIMIT
-from postlane.core.records import Control, LaneDeliverability, Stats
+from postlane.core.records import ChannelStats, Control, LaneDeliverability, Stats
 from postlane.store.roles import FleetStore
 from postlane.worker.controls import IMPORT_PAUSE, LANE_PAUSE
 
@@ -32,6 +32,8 @@ class FleetStatus:
     """Per lane, what came back over the last ``DELIVERABILITY_WINDOW``."""
     provider_events: dict[tuple[str, str], int] = field(default_factory=dict)
     """Provider events kept, by (kind, lane)."""
+    channels: ChannelStats = field(default_factory=lambda: ChannelStats({}, {}))
+    """Pending by channel and SMS fallbacks by trigger."""
 
     @property
     def paused_lanes(self) -> list[str]:
@@ -61,6 +63,7 @@ class FleetStatus:
             "lanes": {name: lane.as_json()
                       for name, lane in sorted(self.deliverability.items())},
         }
+        data.update(self.channels.as_json())
         return data
 
 
@@ -78,12 +81,13 @@ DELIVERABILITY_WINDOW = timedelta(hours=24)
 
 
 async def fleet_status(store: FleetStore) -> FleetStatus:
-    """Read the four numbers, the controls and the deliverability figures (eight queries;
-    see ``postlane.metrics``)."""
+    """Read the four numbers, the controls, the deliverability figures and the channels
+    (nine queries; see ``postlane.metrics``)."""
     started = time.perf_counter()
     stats = await store.stats()
     controls = await store.get_controls()
     deliverability = await store.deliverability(DELIVERABILITY_WINDOW)
     totals = await store.provider_event_totals()
+    channels = await store.channel_stats()
     return FleetStatus(stats, controls, time.time(), time.perf_counter() - started,
-                       deliverability, totals)
+                       deliverability, totals, channels)

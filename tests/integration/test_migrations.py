@@ -113,8 +113,8 @@ ALL = [m.label for m in migrations.load("postgres")]
 def test_both_engines_ship_the_same_migrations() -> None:
     assert [m.label for m in migrations.load("sqlite")] == ALL
     assert ALL[:2] == ["0001_initial", "0002_controls"]
-    # Increasing and unique; a branch may hold a later number than its neighbours' (numbers
-    # are handed out per branch so that merges do not collide), so gaps are allowed.
+    # Numbered in order without repeats; a number may be skipped (numbers are handed out to
+    # parallel branches ahead of their merge, so 0010 can land before 0007).
     versions = [m.version for m in migrations.load("sqlite")]
     assert versions == sorted(set(versions)) and versions[0] == 1
 

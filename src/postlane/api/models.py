@@ -13,7 +13,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, 
 
 from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery, Message
-from postlane.core.records import DeadLetter, Event
+from postlane.core.records import DeadLetter, Event, FallbackPair
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
 
@@ -237,12 +237,30 @@ class EventOut(BaseModel):
         return cls(at=e.at, kind=e.kind, state=e.state, data=dict(e.data))
 
 
+class FallbackOut(BaseModel):
+    """An email and the SMS delivery created as its fallback (docs/sms.md)."""
+
+    email_id: int
+    sms_id: int | None = Field(description="None: the email met a trigger its policy does "
+                                           "not fall back on; no SMS was made.")
+    reason: str = Field(description="dead, expired or unsent.")
+    created_at: datetime
+
+    @classmethod
+    def of(cls, pair: FallbackPair) -> FallbackOut:
+        return cls(email_id=pair.email_id, sms_id=pair.sms_id, reason=pair.reason,
+                   created_at=pair.created_at)
+
+
 class MessageDetail(BaseModel):
     message: MessageOut
     timeline: list[EventOut]
     attachments: list[AttachmentOut] = Field(
         default_factory=list, description="Names, types and sizes of the stored parts; "
         "`GET /v1/messages/{id}/attachments/{position}` downloads one.")
+    fallback: FallbackOut | None = Field(
+        default=None, description="The SMS fallback pair this message belongs to (as the "
+                                  "email or as the SMS), if any.")
 
 
 class MessageList(BaseModel):
@@ -378,6 +396,12 @@ class StatusOut(BaseModel):
         default_factory=dict,
         description="Per lane over `window_s`: sent, bounced, soft_bounced, complained, "
                     "unsubscribed, bounce_rate and complaint_rate (docs/deliverability.md).")
+    pending_by_channel: dict[str, int] = Field(
+        default_factory=dict, description="Pending deliveries by channel (email, sms): each "
+                                          "channel needs a worker of its own.")
+    sms_fallbacks: dict[str, int] = Field(
+        default_factory=dict, description="SMS fallbacks created, by trigger (dead, expired, "
+                                          "unsent; no_sms: decided, none sent).")
 
 
 class WebhookOut(BaseModel):

@@ -22,6 +22,7 @@ from postlane.api.models import (
     DiscardIn,
     DiscardOut,
     EventOut,
+    FallbackOut,
     IsoTime,
     LaneControlOut,
     MessageAccepted,
@@ -132,9 +133,11 @@ async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) ->
         raise not_found(f"no message with id {delivery_id}")
     events = await store.timeline(delivery.id)
     parts = (await store.attachments_among([delivery.id])).get(delivery.id, ())
+    pair = await store.sms_fallback_pair(delivery.id)
     return MessageDetail(message=MessageOut.of(delivery),
                          timeline=[EventOut.of(e) for e in events],
-                         attachments=[AttachmentOut.of(i, p) for i, p in enumerate(parts)])
+                         attachments=[AttachmentOut.of(i, p) for i, p in enumerate(parts)],
+                         fallback=FallbackOut.of(pair) if pair is not None else None)
 
 
 @router.get("/messages/{delivery_id:int}/attachments/{position:int}", tags=["messages"],

@@ -39,8 +39,10 @@ from postlane.cli.shell import (
     run_with_store,
     table,
 )
+from postlane.core.fallback import with_sms_fallback
 from postlane.core.message import Delivery, Message
-from postlane.errors import MissingExtra
+from postlane.core.sms import sms_message
+from postlane.errors import InvalidMessage, MissingExtra
 from postlane.logs import LOG_FORMATS
 from postlane.status import breaker_reason, fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url
@@ -99,7 +101,7 @@ def migrate(ctx: typer.Context) -> None:
 @app.command()
 def enqueue(
     ctx: typer.Context,
-    to: Annotated[str, typer.Option(help="Recipient address.")],
+    to: Annotated[str, typer.Option(help="Recipient address (an E.164 number for SMS).")],
     key: Annotated[str, typer.Option(help="Idempotency key, derived from the business event.")],
     lane: Annotated[str, typer.Option(help="Lane: interactive or bulk.")] = "interactive",
     subject: Annotated[str, typer.Option(help="Subject line.")] = "",
@@ -108,11 +110,22 @@ def enqueue(
     sender: Annotated[str | None, typer.Option("--from", help="Sender address.")] = None,
     expires_in: Annotated[timedelta | None, duration_option(
         help="Validity window, e.g. 15m; no retry is scheduled past it.")] = None,
+    channel: Annotated[str, typer.Option(
+        help="email, or sms (an SMS worker sends it; its segments are recorded).")] = "email",
+    sms_fallback_to: Annotated[str | None, typer.Option(
+        help="An email's SMS fallback: the number (with --sms-fallback-text; docs/sms.md).")
+    ] = None,
+    sms_fallback_text: Annotated[str | None, typer.Option(
+        help="An email's SMS fallback: the text.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the delivery as JSON.")] = False,
 ) -> None:
     """Queue one message (durable when this returns)."""
-    message = Message(key=key, to=to, subject=subject, text=text, html=html, lane=lane,
-                      sender=sender, expires_in=expires_in)
+    try:
+        message = _message(key=key, to=to, subject=subject, text=text, html=html, lane=lane,
+                           sender=sender, expires_in=expires_in, channel=channel,
+                           fallback=(sms_fallback_to, sms_fallback_text))
+    except InvalidMessage as exc:
+        raise typer.BadParameter(str(exc)) from None
 
     async def _enqueue(store: Store) -> tuple[bool, Delivery]:
         result = await store.enqueue(message)
@@ -127,6 +140,25 @@ def enqueue(
         verb = "queued" if created else "already queued (same key)"
         console.print(f"{verb}: delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
                       f"state={delivery.state}")
+
+
+def _message(*, channel: str, fallback: tuple[str | None, str | None],
+             **fields: Any) -> Message:
+    """The message ``postlane enqueue`` was asked for: an email (with its SMS fallback, when
+    given) or an SMS with its segments recorded."""
+    fallback_to, fallback_text = fallback
+    if channel == "sms":
+        if fallback_to or fallback_text:
+            raise InvalidMessage("--sms-fallback-* belong to an email, not to an SMS")
+        return sms_message(key=fields["key"], to=fields["to"], text=fields["text"] or "",
+                           lane=fields["lane"], expires_in=fields["expires_in"])
+    message = Message(channel=channel, **fields)
+    if fallback_to or fallback_text:
+        if not (fallback_to and fallback_text):
+            raise InvalidMessage("an SMS fallback needs --sms-fallback-to and "
+                                 "--sms-fallback-text")
+        message = with_sms_fallback(message, to=fallback_to, text=fallback_text)
+    return message
 
 
 @app.command()
@@ -153,6 +185,13 @@ def status(
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
+    channels = stats["pending_by_channel"]
+    if set(channels) - {"email"}:  # a channel needs a worker of its own (--provider)
+        console.print("pending by channel: " + "  ".join(f"{k}={v}" for k, v in
+                                                         sorted(channels.items())))
+    if stats["sms_fallbacks"]:
+        console.print("sms fallbacks: " + "  ".join(f"{k}={v}" for k, v in
+                                                    sorted(stats["sms_fallbacks"].items())))
     if stats["paused_lanes"] or stats["paused_imports"]:
         console.print(f"[yellow]paused:[/yellow] lanes "
                       f"{escape(', '.join(stats['paused_lanes']) or 'none')}; imports "

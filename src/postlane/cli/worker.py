@@ -17,6 +17,7 @@ from postlane.core.lanes import (
     LaneConfig,
     parse_lane_shares,
     with_bulk_lanes,
+    with_lane_policies,
     with_lane_timings,
 )
 from postlane.core.rates import parse_limits, parse_rate
@@ -44,7 +45,8 @@ def worker(
     ctx: typer.Context,
     provider: Annotated[str, typer.Option(
         envvar="POSTLANE_PROVIDER", show_envvar=True,
-        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://... "
+        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://...; for SMS "
+             "sandbox-sms:// or twilio://. A worker claims only its provider's channel. "
              "Secrets belong in the environment, not on the command line.")],
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
@@ -113,6 +115,18 @@ def worker(
         envvar="POSTLANE_RETRY_CAP", show_envvar=True,
         help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
              "[default: interactive 30s, bulk 5m].")] = None,
+    retry_budget: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
+        help="Fraction of a message's validity window (enqueue to expiry) its retries may "
+             "use, per lane (interactive=0.5,bulk=0.8) or one for every lane; a retry that "
+             "would start later is not made: dead-lettered as budget_exhausted "
+             "[default: 0.667].")] = None,
+    sms_fallback: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_SMS_FALLBACK", show_envvar=True,
+        help="When an email that carries an SMS fallback gets it, per lane: triggers joined "
+             "by +, from dead, expired and unsent@TIME (still unsent that long after "
+             "enqueue), or none; e.g. interactive=dead+expired+unsent@2m,bulk=none "
+             "[default: dead+expired].")] = None,
     grace: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_GRACE", show_envvar=True,
         help="On SIGTERM, how long in-flight sends may finish.")
@@ -136,8 +150,10 @@ def worker(
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
     try:
         configure_logging(log_level, ctx.obj.log_format)
-        lane_configs = with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
-                                         retry_base=retry_base, retry_cap=retry_cap)
+        lane_configs = with_lane_policies(
+            with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
+                              retry_base=retry_base, retry_cap=retry_cap),
+            retry_budget=retry_budget, sms_fallback=sms_fallback)
         if bulk_lanes is not None:
             lane_configs = with_bulk_lanes(lane_configs, bulk_lanes)
         exempt = {t.strip() for t in (unsubscribe_exempt or "").split(",") if t.strip()}

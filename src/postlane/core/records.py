@@ -390,3 +390,54 @@ class ApiKey:
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackPair:
+    """An email and the SMS delivery created as its fallback (``core.fallback``)."""
+
+    email_id: int
+    sms_id: int | None
+    """None: the email met a trigger its policy does not fall back on; no SMS was made."""
+    reason: str
+    """The trigger: ``dead``, ``expired`` or ``unsent``."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ImportCanary:
+    """An import's canary (``core.canary``): its first deliveries, sent before the rest."""
+
+    import_id: str
+    size: int
+    keys: tuple[str, ...]
+    """The canary deliveries' keys (the first ``size`` valid rows of the file)."""
+    state: str
+    """``waiting``, ``passed``, ``failed`` (the import is paused) or ``released`` (an
+    operator let the rest go)."""
+    reason: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    states: dict[str, int]
+    """The canary deliveries by state."""
+    first_failure: str | None = None
+    """The first canary delivery that died: its key, reason and last response."""
+    held: int = 0
+    """The import's deliveries still held behind the canary."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"size": self.size, "state": self.state, "reason": self.reason,
+                "deliveries": dict(self.states), "held": self.held,
+                "settled_at": self.settled_at.isoformat() if self.settled_at else None}
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    """Ready work by channel (a channel without a worker of its own only grows) and the SMS
+    fallbacks created so far by trigger (``no_sms``: decided, none sent)."""
+
+    pending: dict[str, int]
+    fallbacks: dict[str, int]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"pending_by_channel": dict(self.pending), "sms_fallbacks": dict(self.fallbacks)}

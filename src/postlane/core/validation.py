@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from postlane.core import fallback
 from postlane.core.addresses import ascii_domain, unicode_local_problem
 from postlane.core.attachments import AttachmentLimits, check_attachments
 from postlane.core.message import EMAIL, Message
 from postlane.core.redaction import mask_address as mask_address  # re-exported
 from postlane.core.redaction import redact_address as redact_address  # re-exported
 from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
+from postlane.core.sms import DEFAULT_MAX_SEGMENTS, count_segments
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
@@ -207,6 +209,8 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
         if message.text is None and message.html is None:
             raise InvalidMessage("an email needs a text or an html body", field="text")
         check_subject(message.subject)
+        if fallback.METADATA_KEY in message.metadata:
+            check_sms_fallback(message.metadata[fallback.METADATA_KEY], limits)
     elif message.channel == "sms":
         if not _PHONE.match(message.to):
             raise InvalidAddress("to: not an E.164 phone number (e.g. +4915112345678)",
@@ -230,6 +234,25 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
         if message.channel != EMAIL:
             raise InvalidAttachment("only an email carries attachments", field="attachments")
         check_attachments(message.attachments, message.html, limits.attachments)
+
+
+def check_sms_fallback(value: object, limits: Limits) -> None:
+    """An email's SMS fallback (``core.fallback``): refused at enqueue, nothing stored, when
+    the SMS it would create could not be (a bad number, a text over the segment limit)."""
+    spec = fallback.parse_spec(value)
+    if not _PHONE.match(spec.to):
+        raise InvalidAddress("sms_fallback.to: not an E.164 phone number (e.g. +4915112345678)",
+                             field="sms_fallback.to")
+    segments = count_segments(spec.text)
+    if segments.segments > DEFAULT_MAX_SEGMENTS:
+        raise InvalidMessage(
+            f"sms_fallback.text is {segments.segments} {segments.encoding} segments "
+            f"({segments.units} units), over the limit of {DEFAULT_MAX_SEGMENTS}",
+            field="sms_fallback.text")
+    check_text(spec.text, field="sms_fallback.text")
+    if spec.lane is not None and spec.lane not in limits.lanes:
+        raise UnknownLane(f"sms_fallback.lane: unknown lane {spec.lane!r}",
+                          field="sms_fallback.lane")
 
 
 # -- what the wire and the database can carry ---------------------------------------------

@@ -389,9 +389,10 @@ async def message(request: Request, delivery_id: int, s: Signed) -> HTMLResponse
     events = await s.store.timeline(delivery.id)
     entry = await s.store.dead_letter(delivery.id)
     parts = (await s.store.attachments_among([delivery.id])).get(delivery.id, ())
+    pair = await s.store.sms_fallback_pair(delivery.id)
     return render(request, "message.html", {
         "s": s, "m": MessageOut.of(delivery), "events": [EventOut.of(e) for e in events],
-        "dead": DeadLetterOut.of(entry) if entry else None,
+        "dead": DeadLetterOut.of(entry) if entry else None, "pair": pair,
         "attachments": [AttachmentOut.of(i, p) for i, p in enumerate(parts)],
         "age": timedelta(seconds=max(0.0, time.time() - delivery.created_at.timestamp())),
     })

@@ -55,7 +55,13 @@ from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
-from postlane.providers.mime import check_delivery, json_attachments, sender_of, wire_headers
+from postlane.providers.mime import (
+    check_delivery,
+    json_attachments,
+    provider_metadata,
+    sender_of,
+    wire_headers,
+)
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
 
@@ -344,7 +350,7 @@ def generic_payload(delivery: Delivery, default_sender: str | None, *,
         "text": delivery.text,
         "html": delivery.html,
         "headers": wire_headers(delivery, utf8=utf8, transport=HTTP_NO_UTF8),
-        "metadata": {**delivery.metadata, "postlane_key": delivery.key,
+        "metadata": {**provider_metadata(delivery), "postlane_key": delivery.key,
                      "postlane_delivery_id": delivery.id},
         "template_id": delivery.template_id,
     }

@@ -41,9 +41,11 @@ from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP, SMTPUTF8
 from email.utils import format_datetime, getaddresses
+from typing import Any
 
 from postlane.core.addresses import ascii_domain, wire_address
 from postlane.core.attachments import ATTACHMENT, CALENDAR, INLINE, Attachment
+from postlane.core.fallback import METADATA_KEY as FALLBACK_METADATA_KEY
 from postlane.core.message import Delivery
 from postlane.core.validation import check_address, check_header, check_subject
 from postlane.errors import InvalidMessage, MissingSender
@@ -97,6 +99,12 @@ def sender_of(delivery: Delivery, default: str | None) -> str:
         raise MissingSender("no sender: give the message a sender or the provider URL "
                             "a from= option", field="sender")
     return sender
+
+
+def provider_metadata(delivery: Delivery) -> dict[str, Any]:
+    """The metadata an email provider may see: the caller's, less the SMS fallback (a phone
+    number and a text meant for the SMS provider only, ``core.fallback``)."""
+    return {k: v for k, v in delivery.metadata.items() if k != FALLBACK_METADATA_KEY}
 
 
 def check_delivery(delivery: Delivery, sender: str) -> None:

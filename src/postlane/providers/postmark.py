@@ -30,7 +30,13 @@ from postlane.providers.http import (
     response_text,
     retry_after_of,
 )
-from postlane.providers.mime import check_delivery, json_attachments, sender_of, wire_headers
+from postlane.providers.mime import (
+    check_delivery,
+    json_attachments,
+    provider_metadata,
+    sender_of,
+    wire_headers,
+)
 from postlane.providers.options import ProviderURL, Secret, secret
 
 POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
@@ -117,7 +123,7 @@ def postmark_payload(delivery: Delivery, default_sender: str | None,
         "Subject": delivery.subject,
         "Headers": [{"Name": n, "Value": v} for n, v in wire_headers(
             delivery, utf8=False, transport=POSTMARK_NO_UTF8).items()],
-        "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+        "Metadata": {**{k: str(v) for k, v in provider_metadata(delivery).items()},
                      "postlane_key": delivery.key,
                      "postlane_delivery_id": str(delivery.id)},
     }

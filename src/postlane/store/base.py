@@ -23,6 +23,7 @@ from postlane.core.records import (
     MAX_RESPONSE_CHARS,
     STATUS_RANK,
     ApiKey,
+    ChannelStats,
     Claim,
     Control,
     DeadLetter,
@@ -143,6 +144,22 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     if selection.replayed is not None:
         conditions.append("dl.replay_count > 0" if selection.replayed else "dl.replay_count = 0")
     return (" AND ".join(conditions) or "1 = 1"), params
+
+
+CHANNEL_STATS = """
+SELECT 'pending', channel, count(*) FROM postlane_deliveries
+WHERE state = 'pending' GROUP BY channel
+UNION ALL
+SELECT 'fallback', CASE WHEN sms_id IS NULL THEN 'no_sms' ELSE reason END, count(*)
+FROM postlane_sms_fallbacks GROUP BY 2
+"""
+"""Both engines' ``channel_stats`` query (the same SQL on each)."""
+
+
+def channel_stats(rows: Sequence[Sequence[Any]]) -> ChannelStats:
+    pending = {str(r[1]): int(r[2]) for r in rows if r[0] == "pending"}
+    fallbacks = {str(r[1]): int(r[2]) for r in rows if r[0] == "fallback"}
+    return ChannelStats(pending, fallbacks)
 
 
 class Store(

@@ -17,14 +17,17 @@ from typing import Any, Protocol
 
 from postlane.core.attachments import Attachment
 from postlane.core.deliverability import DEFAULT_POLICY, SuppressionPolicy
-from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.message import EMAIL, Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
+    ChannelStats,
     Claim,
     Control,
     DeadLetter,
     DeadLetterFilter,
     Event,
+    FallbackPair,
+    ImportCanary,
     ImportCounts,
     ImportProgress,
     ImportRecord,
@@ -125,8 +128,46 @@ class FleetStore(Protocol):
     async def provider_event_totals(self) -> dict[tuple[str, str], int]:
         """Provider events kept, by (kind, lane; '' when the event matched no delivery)."""
 
+    @abc.abstractmethod
+    async def channel_stats(self) -> ChannelStats:
+        """Pending deliveries by channel, and SMS fallbacks created by trigger."""
 
-class WorkerStore(FleetStore, Protocol):
+
+class HousekeepingStore(Protocol):
+    """What the worker's housekeeping does besides leases: SMS fallbacks that fell due and
+    import canaries to settle, each guarded so a fleet of workers doing it at once acts once.
+    Used by ``worker.housekeeping`` (through ``WorkerStore``)."""
+
+    @abc.abstractmethod
+    async def list_fallback_candidates(
+        self, unsent_after_s: float | None, limit: int = 100
+    ) -> list[Delivery]:
+        """Emails carrying an SMS fallback (``metadata["sms_fallback"]``) whose fallback is
+        not decided yet and may be due: dead or expired, or still pending, sending or
+        ambiguous past their own ``after_s`` or, without one, ``unsent_after_s`` (None:
+        only their own). Oldest first."""
+
+    @abc.abstractmethod
+    async def create_sms_fallback(
+        self, email_id: int, states: Sequence[str], message: Message | None, reason: str
+    ) -> FallbackPair | None:
+        """In one transaction, if the email is still in one of ``states`` and its fallback
+        is not decided yet: enqueue ``message`` (key ``sms-fallback:<email key>``; a
+        delivery of that key already there is taken as the fallback), record the pair and
+        write an event to both timelines. ``message`` None records that no SMS will be sent
+        (the policy does not fall back on this). None when the guard did not hold."""
+
+    @abc.abstractmethod
+    async def list_waiting_canaries(self, limit: int = 100) -> list[ImportCanary]:
+        """Canaries not settled yet, with their deliveries counted by state."""
+
+    @abc.abstractmethod
+    async def settle_import_canary(self, import_id: str, passed: bool, reason: str) -> bool:
+        """Mark a waiting canary passed (releasing the held deliveries in the same
+        transaction) or failed; False when it was settled already."""
+
+
+class WorkerStore(FleetStore, HousekeepingStore, Protocol):
     """The worker's path, every operation guarded so a worker moves only the deliveries it
     holds (River-style: claim, start, renew, set state if sending, rescue, reconcile). Used
     by ``postlane.worker`` and its collaborators (the runner, the lease keeper, the
@@ -135,12 +176,13 @@ class WorkerStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
-        exclude_imports: Sequence[str] = (),
+        exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
-        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
-        skipping those of paused imports. A row that cannot be read back comes as an
-        ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
-        fails the batch (see ``postlane.store.unreadable``)."""
+        """Lease up to ``limit`` ready deliveries of ``lane`` and ``channel`` (the one the
+        worker's provider sends) to ``owner``, oldest first, skipping those of paused
+        imports. A row that cannot be read back comes as an ``UnreadableDelivery`` (as from
+        every read of deliveries), never as an error that fails the batch (see
+        ``postlane.store.unreadable``)."""
 
     @abc.abstractmethod
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
@@ -173,9 +215,11 @@ class WorkerStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def list_ambiguous(
-        self, limit: int = 100, lanes: Sequence[str] | None = None
+        self, limit: int = 100, lanes: Sequence[str] | None = None,
+        channel: str | None = None,
     ) -> list[Delivery]:
-        """Ambiguous deliveries (of ``lanes``, default all), oldest first, for reconciliation."""
+        """Ambiguous deliveries (of ``lanes`` and ``channel``, default all), oldest first, for
+        reconciliation: a worker asks its own provider only about its own channel."""
 
     @abc.abstractmethod
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...
@@ -267,6 +311,10 @@ class OperatorStore(FleetStore, Protocol):
                                 limit: int = 100) -> list[Suppression]: ...
 
     @abc.abstractmethod
+    async def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
+        """The fallback pair ``delivery_id`` belongs to, as the email or as the SMS."""
+
+    @abc.abstractmethod
     async def requeue_suppressed(self, address: str) -> list[int]:
         """After a suppression was lifted: send the deliveries it stopped (same key)."""
 
@@ -348,6 +396,22 @@ class ImportStore(Protocol):
     @abc.abstractmethod
     async def list_imports(self, limit: int = 100) -> list[ImportRecord]:
         """Imports, most recently started first."""
+
+    @abc.abstractmethod
+    async def start_import_canary(
+        self, import_id: str, size: int, keys: Sequence[str]
+    ) -> ImportCanary:
+        """Record an import's canary (its first deliveries' keys) unless it has one; returns
+        the canary as recorded (the first run's, on a re-run)."""
+
+    @abc.abstractmethod
+    async def get_import_canary(self, import_id: str) -> ImportCanary | None:
+        """The canary with its deliveries counted by state and the held ones counted."""
+
+    @abc.abstractmethod
+    async def release_import_hold(self, import_id: str) -> int:
+        """Make the deliveries held behind the canary due now, and mark a waiting or failed
+        canary ``released``; returns how many were released."""
 
     @abc.abstractmethod
     async def import_counts(self, import_id: str) -> ImportCounts:

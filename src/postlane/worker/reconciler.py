@@ -47,7 +47,8 @@ class Reconciler:
             return 0
         resolved = []
         now = datetime.now(UTC)
-        for delivery in await self.store.list_ambiguous(BATCH, lanes=lanes):
+        for delivery in await self.store.list_ambiguous(BATCH, lanes=lanes,
+                                                        channel=self.provider.channel):
             lane = self.lanes.get(delivery.lane)
             if lane is None:
                 continue

@@ -62,6 +62,7 @@ from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.housekeeping import Housekeeping
 from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
@@ -168,6 +169,7 @@ class Worker:
             reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
             interval_s=config.controls_interval_s,
             drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
+            housekeeping=Housekeeping(store, self.lanes),
         )
 
         # Slot accounting of the lanes (core.lanes.may_start reads these).
@@ -249,7 +251,13 @@ class Worker:
         if self._send_tasks or self._held or self.acker.pending:
             return False
         states = (await self.store.stats()).states
-        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
+        if states.get("sending", 0):
+            return False
+        # Only this worker's channel: SMS waiting for an SMS worker is not this one's to send.
+        pending = states.get("pending", 0)
+        if pending:
+            pending = (await self.store.channel_stats()).pending.get(self.provider.channel, 0)
+        return pending == 0
 
     def _wake_lanes(self) -> None:
         for event in self._lane_wakeup.values():
@@ -306,7 +314,7 @@ class Worker:
         wakeup.clear()
         claiming = asyncio.ensure_future(self.store.claim_batch(
             lane, capacity, self.owner, self.config.lease,
-            exclude_imports=self.controls.paused_imports,
+            exclude_imports=self.controls.paused_imports, channel=self.provider.channel,
         ))
         try:
             batch = await asyncio.shield(claiming)

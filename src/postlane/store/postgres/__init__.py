@@ -22,6 +22,7 @@ with requires("postgres", "a PostgreSQL database"):
         enqueue_on_sync_connection,
     )
     from postlane.store.postgres._provider_events import ProviderEventsMixin
+    from postlane.store.postgres._second_channel import SecondChannelMixin
     from postlane.store.postgres._templates import TemplatesMixin
 
 __all__ = [
@@ -41,5 +42,6 @@ class PostgresStore(
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,
+    SecondChannelMixin,
 ):
     """Every part of the store, over one pool (see ``_base.PostgresBase``)."""

@@ -20,6 +20,7 @@ from postlane.store.sqlite._producing import (
     message_params,
 )
 from postlane.store.sqlite._provider_events import ProviderEventsMixin
+from postlane.store.sqlite._second_channel import SecondChannelMixin
 from postlane.store.sqlite._templates import TemplatesMixin
 
 __all__ = [
@@ -42,5 +43,6 @@ class SQLiteStore(
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,
+    SecondChannelMixin,
 ):
     """Every part of the store, over one connection (see ``_base.SQLiteBase``)."""
