@@ -21,6 +21,7 @@ from postlane.core.outcomes import Outcome
 from postlane.core.records import Route
 from postlane.core.states import State
 from postlane.errors import ConfigurationError
+from postlane.metrics import WorkerMetrics
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
 from postlane.store import Store
 from postlane.worker import Worker
@@ -163,9 +164,18 @@ async def test_an_account_failure_fails_over_at_once_unspent(store: Store) -> No
     primary.send = refuse  # type: ignore[method-assign]
     worker = Worker(store, primary, fallbacks=[(fallback, None)],
                     config=fast_config(breaker=BREAKER))
+    metrics = WorkerMetrics(worker)
     async with running(worker):
         await store.enqueue(msg("reset:1"))
         delivery = await in_state(store, "reset:1", State.SENT, timeout=10)
+    text = metrics.render().decode()
+    for line in ('postlane_sends_total{lane="interactive",outcome="account",provider="primary"} '
+                 '1.0',
+                 'postlane_sends_total{lane="interactive",outcome="accepted",provider="fallback"} '
+                 '1.0',
+                 'postlane_sends_total{lane="interactive",outcome="accepted",provider="primary"} '
+                 '0.0'):
+        assert line in text, line
     assert fallback.keys() == {"reset:1"}
     assert delivery.attempts == 1  # the fallback's; the refusal spent none
     kinds = [(e.kind, e.data.get("provider")) for e in await store.timeline(delivery.id)
