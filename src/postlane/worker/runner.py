@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
@@ -67,6 +68,9 @@ from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
 from postlane.worker.routes import ProviderRoute, deciding_traits, traits_of
 from postlane.worker.supervisor import supervise
+
+if TYPE_CHECKING:
+    from postlane.callbacks import CallbackSender
 
 log = logging.getLogger("postlane.worker")
 
@@ -130,6 +134,7 @@ class Worker:
         *,
         limiter: RateLimiter | None = None,
         fallbacks: Sequence[tuple[Provider, RateLimiter | None]] = (),
+        callbacks: CallbackSender | None = None,
         config: WorkerConfig = WorkerConfig(),
         rand: Callable[[], float] = random.random,
         owner: str | None = None,
@@ -147,6 +152,8 @@ class Worker:
         self.floors = slot_floors(config.lanes, held_slots(config, limiter))
         self.controls = FleetControls(store)
         self.counters: Counter[str] = Counter()
+        self.callbacks = callbacks
+        """Posts the status callbacks the timeline queued (``postlane.callbacks``)."""
         self.observers: list[Observer] = []
         """Called with every decided outcome (metrics hang off this); must not block."""
 
@@ -216,6 +223,9 @@ class Worker:
                                       name="lease-keeper"),
                     group.create_task(self._care(), name="caretaker"),
                 ]
+                if self.callbacks is not None:
+                    background.append(group.create_task(
+                        self._loop("callbacks", self.callbacks.step), name="callbacks"))
                 lanes = [group.create_task(self._loop(f"lane {name}",
                                                       functools.partial(self._claim_step, name)),
                                            name=f"lane-{name}")
@@ -240,6 +250,8 @@ class Worker:
             await self.acker.flush()
             for route in self.routes:
                 await route.provider.close()
+            if self.callbacks is not None:
+                await self.callbacks.close()
             log.info("worker %s stopped: %s", self.owner, dict(self.counters))
 
     async def _loop(self, where: str, step: Callable[[], Awaitable[bool]]) -> None:
