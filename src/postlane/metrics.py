@@ -318,3 +318,11 @@ class _WorkerCounters(Collector):
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(counters.get(key, 0)))
             yield family
+        sender = self.worker.callbacks
+        if sender is not None:
+            family = CounterMetricFamily(
+                "postlane_callbacks", "Status callback attempts by outcome: sent, retry (the "
+                "receiver failed or timed out), dead (its budget spent).", labels=["outcome"])
+            for outcome in ("sent", "retry", "dead"):
+                family.add_metric([outcome], float(sender.counters.get(outcome, 0)))
+            yield family

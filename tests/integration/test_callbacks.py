@@ -23,6 +23,7 @@ from postlane.core.outcomes import Outcome
 from postlane.core.records import ProviderEvent
 from postlane.core.states import State
 from postlane.errors import ConfigurationError
+from postlane.metrics import WorkerMetrics
 from postlane.providers.testing import RecordingProvider
 from postlane.store import Store
 from postlane.worker import Worker
@@ -195,6 +196,11 @@ async def test_a_callback_past_its_budget_is_dead_and_replayable(store: Store) -
             assert await store.replay_callbacks() == 1
             await wait_until(lambda: sender.counters["sent"] == 1, what="the replay sent")
     assert list(receiver.events) == [dead.message_id]
+    text = WorkerMetrics(worker).render().decode()
+    for line in ('postlane_callbacks_total{outcome="dead"} 1.0',
+                 'postlane_callbacks_total{outcome="sent"} 1.0',
+                 'postlane_callbacks_total{outcome="retry"} 2.0'):
+        assert line in text, line
     (replayed,) = await store.list_callbacks()
     assert replayed.state == "sent" and replayed.attempts == 1
 

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from postlane.callbacks import CallbackSender
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
 from postlane.core.rates import Limits, parse_limits, parse_rate
@@ -103,6 +104,10 @@ def worker(
     ] = "10s",  # type: ignore[assignment]
     drain: Annotated[bool, typer.Option(
         help="Exit once nothing is pending or in flight.")] = False,
+    callbacks: Annotated[bool, typer.Option(
+        envvar="POSTLANE_CALLBACKS", show_envvar=True,
+        help="Post the status callbacks the application registered (`postlane callbacks "
+             "add`); every worker shares the work.")] = True,
     drain_timeout: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_DRAIN_TIMEOUT", show_envvar=True,
         help="With --drain: give up after this long (a provider that stays down, an open "
@@ -174,8 +179,9 @@ def worker(
                 limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
+            sender = CallbackSender(store) if callbacks else None
             instance = Worker(store, provider_obj, limiter=limiter_obj, fallbacks=fallbacks,
-                              config=config)
+                              callbacks=sender, config=config)
             exporter = None
             if metrics_port is not None:
                 from postlane.metrics import WorkerMetrics
