@@ -54,7 +54,8 @@ class CallbackConfig:
     timeout_s: float = 10.0
     """Longest wait for a receiver's answer; past it the attempt failed (and is retried)."""
     max_attempts: int = 15
-    """Attempts before a callback is dead: with the defaults, about a day and a half."""
+    """Attempts before a callback is dead: with the defaults, within about a day (the
+    backoff ceilings add up to 23 hours; full jitter makes the expected wait half that)."""
     base_s: float = 5.0
     cap_s: float = 6 * 3600.0
     lease_s: float = 60.0
