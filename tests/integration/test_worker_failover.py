@@ -22,6 +22,7 @@ from postlane.core.records import Route
 from postlane.core.states import State
 from postlane.errors import ConfigurationError
 from postlane.metrics import WorkerMetrics
+from postlane.providers.base import Capabilities
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
 from postlane.store import Store
 from postlane.worker import Worker
@@ -223,3 +224,37 @@ async def test_a_pinned_delivery_waits_while_its_provider_is_open(store: Store) 
 def test_the_same_account_twice_is_refused(store: Store) -> None:
     with pytest.raises(ConfigurationError, match="twice"):
         Worker(store, Sandbox("a"), fallbacks=[(Sandbox("a"), None)])
+
+
+class DedupOnly(Sandbox):
+    """A provider that deduplicates by key but cannot be asked whether it has one (like the
+    generic HTTP adapter or Resend)."""
+
+    def __init__(self, account: str) -> None:
+        super().__init__(account)
+        self.capabilities = Capabilities(deduplicates_by_key=True)
+
+
+async def test_ambiguous_at_a_deduplicating_fallback_is_pinned_there(store: Store) -> None:
+    """Ambiguous at the fallback, which cannot be asked but deduplicates: the reconciler pins
+    the delivery to it before putting it back, so even with the primary healthy again its
+    retry goes to the fallback (a suppressed duplicate there), never to the primary."""
+    primary, fallback = Sandbox("primary"), DedupOnly("fallback")
+    fallback.lose_answer.add("reset:9")
+    await store.set_control(CONTROL_PREFIX + "primary",
+                            opened(time.time(), BreakerConfig(cooldown_s=3600), "test").as_json())
+    worker = Worker(store, primary, fallbacks=[(fallback, None)], config=fast_config())
+    created = await store.enqueue(msg("reset:9"))
+    async with running(worker):
+        async def pinned() -> bool:
+            route = (await store.delivery_routes([created.id])).get(created.id)
+            return route is not None and route.pinned
+        await wait_until(pinned, what="the reconciler to pin the delivery")
+        await store.set_control(CONTROL_PREFIX + "primary", None)  # the primary is back
+        delivery = await in_state(store, "reset:9", State.SENT)
+    assert primary.engine.stats.requests == 0
+    assert fallback.keys() == {"reset:9"}
+    assert fallback.engine.stats.duplicates_suppressed == 1
+    kinds = [(e.kind, e.data.get("provider")) for e in await store.timeline(delivery.id)
+             if "provider" in e.data]
+    assert kinds == [("ambiguous", "fallback"), ("reconciled", "fallback"), ("sent", "fallback")]

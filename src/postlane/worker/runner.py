@@ -211,6 +211,8 @@ class Worker:
         for route in self.routes:
             await route.provider.open()
         await self.controls.refresh()
+        for route in self.routes:  # an open breaker holds from the first claim on
+            await route.breaker.refresh(self.controls.breaker(route.name))
         log.info("worker %s started: lanes %s, concurrency %d, provider %s", self.owner,
                  self.floors, self.config.concurrency,
                  " then ".join(route.provider.name for route in self.routes))
