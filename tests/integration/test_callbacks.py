@@ -254,3 +254,24 @@ async def test_the_callback_is_enqueued_with_the_transition(store: Store) -> Non
     sent_event = [e for e in await store.timeline(created.id) if e.kind == "sent"][-1]
     assert callback.event_id == sent_event.id and callback.state == "pending"
     assert json.loads(json.dumps(callback.payload))["data"]["key"] == "atomic:1"
+
+
+async def test_removing_endpoints_stops_their_callbacks(store: Store) -> None:
+    first = await register_endpoint(store, "https://one.example.com/hook")
+    second = await register_endpoint(store, "https://two.example.com/hook")
+    await store.enqueue(msg("r:1"))
+    await Worker(store, RecordingProvider(), config=fast_config(drain=True)).run()
+    assert await store.disable_callback_endpoint(first.id)
+    claimed = await store.claim_callbacks(10, 60.0)
+    assert [c.endpoint_id for c in claimed] == [second.id]
+    (dropped,) = await store.list_callbacks(state="dead")
+    assert dropped.endpoint_id == first.id and dropped.last_error == "endpoint disabled"
+    assert await store.disable_callback_endpoint(second.id)  # the last one: nothing queued
+    await store.enqueue(msg("r:2"))
+    await Worker(store, RecordingProvider(), config=fast_config(drain=True)).run()
+    assert len(await store.list_callbacks()) == 2
+    third = await register_endpoint(store, "https://three.example.com/hook")  # and back
+    await store.enqueue(msg("r:3"))
+    await Worker(store, RecordingProvider(), config=fast_config(drain=True)).run()
+    latest = (await store.list_callbacks())[0]
+    assert latest.endpoint_id == third.id and latest.payload["data"]["key"] == "r:3"

@@ -433,6 +433,9 @@ class Worker:
                 if target is None or (target is not route and not target.closed):
                     pending.pop(delivery.id)
                     route.breaker.probe_unsent(delivery.id)
+                    # Rare (ambiguous at a provider that can only deduplicate): looked at
+                    # again every poll interval rather than at the breaker's next probe, so
+                    # an operator's reset of that breaker takes effect at once.
                     self._release(delivery, f"pinned to provider {pin.provider}, which is "
                                   "not available here now", delay_s=self.config.poll_interval_s,
                                   event="waiting_for_provider")

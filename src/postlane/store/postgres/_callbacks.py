@@ -23,7 +23,8 @@ WITH gone AS (
         (SELECT id FROM postlane_callback_endpoints WHERE disabled_at IS NOT NULL)
 ), picked AS (
     SELECT id FROM postlane_callbacks
-    WHERE state = 'pending' AND run_at <= now()
+    WHERE state = 'pending' AND run_at <= now() AND endpoint_id NOT IN
+        (SELECT id FROM postlane_callback_endpoints WHERE disabled_at IS NOT NULL)
     ORDER BY run_at, id LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), c AS (

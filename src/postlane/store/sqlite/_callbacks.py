@@ -14,6 +14,51 @@ _ENDPOINT_COLS = "id, url, api_key_id, events, created_at, disabled_at, secret"
 _CALLBACK_COLS = ("c.id, c.endpoint_id, c.event_id, c.delivery_id, c.type, c.payload, c.state, "
                   "c.attempts, c.last_error, c.created_at, e.url, e.secret")
 
+_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS postlane_events_callbacks
+AFTER INSERT ON postlane_events
+WHEN NEW.state IN ('sent', 'dead', 'expired', 'suppressed')
+  OR NEW.kind IN ('provider:bounced', 'provider:complained')
+BEGIN
+    INSERT OR IGNORE INTO postlane_callbacks
+        (endpoint_id, event_id, delivery_id, type, payload, run_at, created_at)
+    SELECT e.id, NEW.id, NEW.delivery_id, t.type, json_object(
+        'type', t.type,
+        'timestamp', strftime('%Y-%m-%dT%H:%M:%fZ', NEW.at, 'unixepoch'),
+        'data', json_object(
+            'event_id', 'evt_' || NEW.id,
+            'delivery_id', NEW.delivery_id,
+            'key', d.idempotency_key,
+            'lane', d.lane,
+            'state', d.state,
+            'provider', json_extract(NEW.data, '$.provider'),
+            'provider_message_id', d.provider_message_id,
+            'cause', COALESCE(json_extract(NEW.data, '$.response'),
+                              json_extract(NEW.data, '$.why'),
+                              json_extract(NEW.data, '$.reason'),
+                              json_extract(NEW.data, '$.bounce_type'), d.dead_reason),
+            'dead_reason', CASE WHEN NEW.state IN ('dead', 'expired') THEN d.dead_reason END,
+            'attempt', json_extract(NEW.data, '$.attempt'))),
+        NEW.at, NEW.at
+    FROM (SELECT CASE
+            WHEN NEW.state = 'sent' THEN 'delivery.sent'
+            WHEN NEW.state IN ('dead', 'expired') THEN 'delivery.dead_lettered'
+            WHEN NEW.state = 'suppressed' THEN 'delivery.suppressed'
+            WHEN NEW.kind = 'provider:bounced' THEN 'delivery.bounced'
+            ELSE 'delivery.complained' END AS type) t
+    JOIN postlane_deliveries d ON d.id = NEW.delivery_id
+    JOIN postlane_callback_endpoints e
+      ON e.disabled_at IS NULL
+     AND (e.api_key_id IS NULL OR d.producer = 'apikey:' || e.api_key_id)
+     AND (e.events = '*' OR instr(',' || e.events || ',', ',' || t.type || ',') > 0);
+END
+"""
+"""Callbacks are enqueued with the timeline event that causes them, in its transaction. The
+trigger exists only while an endpoint is active (created with the first, dropped with the
+last, in the same transaction): SQLite runs a row trigger's program for every insert, about
+3 µs even for an event its WHEN clause skips, and claims, acks and enqueues all write events.
+"""
+
 
 def _endpoint(row: Sequence[Any]) -> CallbackEndpoint:
     events = () if row[3] == "*" else tuple(row[3].split(","))
@@ -35,6 +80,7 @@ class CallbacksMixin(SQLiteBase):
                     "INSERT INTO postlane_callback_endpoints (url, secret, api_key_id, events, "
                     f"created_at) VALUES (?, ?, ?, ?, {NOW}) RETURNING {_ENDPOINT_COLS}",
                     (url, secret, api_key_id, ",".join(events) or "*")).fetchone()
+                conn.execute(_TRIGGER)
             return _endpoint(row)
         return await self._run(_add)
 
@@ -55,6 +101,9 @@ class CallbacksMixin(SQLiteBase):
                     f"UPDATE postlane_callback_endpoints SET disabled_at = {NOW} "
                     "WHERE id = ? AND disabled_at IS NULL AND (? IS NULL OR api_key_id = ?) "
                     "RETURNING id", (endpoint_id, api_key_id, api_key_id)).fetchone()
+                if not conn.execute("SELECT 1 FROM postlane_callback_endpoints "
+                                    "WHERE disabled_at IS NULL LIMIT 1").fetchone():
+                    conn.execute("DROP TRIGGER IF EXISTS postlane_events_callbacks")
             return row is not None
         return await self._run(_disable)
 
