@@ -414,8 +414,14 @@ class Worker:
             await self._send_in_groups(lane, config, to_send, pending, route)
             return
         by_route = await self._routed(to_send, pending, route)
-        await asyncio.gather(*(self._send_in_groups(lane, config, group, pending, target, pins)
-                               for target, (group, pins) in by_route.items()))
+        # Every group finishes before a failure is raised: the caller releases what is
+        # still pending, and no group may be handing those to sends meanwhile.
+        results = await asyncio.gather(
+            *(self._send_in_groups(lane, config, group, pending, target, pins)
+              for target, (group, pins) in by_route.items()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _routed(
         self, to_send: list[Delivery], pending: dict[int, Delivery], route: ProviderRoute,
