@@ -255,11 +255,13 @@ class WorkerMetrics:
         self.worker = worker
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.sends = Counter("postlane_sends_total",
-                             "Send attempts by outcome class, per lane.",
-                             ["lane", "outcome"], registry=self.registry)
+                             "Send attempts by outcome class, per lane and provider (the "
+                             "account: a worker with a fallback has several).",
+                             ["lane", "outcome", "provider"], registry=self.registry)
         self.dead = Counter("postlane_dead_letter_arrivals_total",
-                            "Deliveries dead-lettered by this worker, by reason, per lane.",
-                            ["lane", "reason"], registry=self.registry)
+                            "Deliveries dead-lettered by this worker, by reason, per lane and "
+                            "provider of the last attempt ('' when none was made).",
+                            ["lane", "reason", "provider"], registry=self.registry)
         self.send_seconds = Histogram("postlane_send_duration_seconds",
                                       "Duration of the provider call, per lane.", ["lane"],
                                       buckets=SEND_DURATION_BUCKETS, registry=self.registry)
@@ -269,11 +271,13 @@ class WorkerMetrics:
                                  registry=self.registry)
         self.registry.register(_WorkerCounters(worker))
         # Every series exists from the start at 0, so that the first arrival is an increase.
+        providers = [route.name for route in worker.routes]
         for lane in worker.lanes:
-            for outcome in self.OUTCOMES:
-                self.sends.labels(lane, outcome)
-            for reason in DeadReason:
-                self.dead.labels(lane, str(reason))
+            for provider in providers:
+                for outcome in self.OUTCOMES:
+                    self.sends.labels(lane, outcome, provider)
+                for reason in DeadReason:
+                    self.dead.labels(lane, str(reason), provider)
             self.send_seconds.labels(lane)
             self.latency.labels(lane)
         worker.observers.append(self.observe)
@@ -282,14 +286,15 @@ class WorkerMetrics:
         """A ``Worker`` observer: called with every decided outcome; never blocks."""
         lane = delivery.lane
         outcome = decision.detail.get("outcome")
+        provider = str(decision.detail.get("provider", ""))
         if outcome is not None:
-            self.sends.labels(lane, str(outcome)).inc()
+            self.sends.labels(lane, str(outcome), provider).inc()
             duration_ms = decision.detail.get("duration_ms")
             if isinstance(duration_ms, int | float):
                 self.send_seconds.labels(lane).observe(duration_ms / 1000.0)
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
-            self.dead.labels(lane, str(reason)).inc()
+            self.dead.labels(lane, str(reason), provider).inc()
         elif decision.state is State.SENT:
             waited = (datetime.now(UTC) - delivery.created_at).total_seconds()
             self.latency.labels(lane).observe(max(0.0, waited))
@@ -327,4 +332,12 @@ class _WorkerCounters(Collector):
         for name, key, help_text in self.COUNTERS:
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(counters.get(key, 0)))
+            yield family
+        sender = self.worker.callbacks
+        if sender is not None:
+            family = CounterMetricFamily(
+                "postlane_callbacks", "Status callback attempts by outcome: sent, retry (the "
+                "receiver failed or timed out), dead (its budget spent).", labels=["outcome"])
+            for outcome in ("sent", "retry", "dead"):
+                family.add_metric([outcome], float(sender.counters.get(outcome, 0)))
             yield family

@@ -376,12 +376,14 @@ async def test_worker_metrics_count_outcomes_dead_letters_and_latency(store: Sto
     worker = Worker(store, provider, config=fast_config(drain=True))
     metrics = WorkerMetrics(worker)
     before = metrics.render().decode()
-    assert 'postlane_dead_letter_arrivals_total{lane="bulk",reason="permanent"} 0.0' in before
+    assert ('postlane_dead_letter_arrivals_total{lane="bulk",provider="recording",'
+            'reason="permanent"} 0.0') in before
     await worker.run()
     text = metrics.render().decode()
-    for line in ('postlane_sends_total{lane="bulk",outcome="accepted"} 2.0',
-                 'postlane_sends_total{lane="bulk",outcome="permanent"} 1.0',
-                 'postlane_dead_letter_arrivals_total{lane="bulk",reason="permanent"} 1.0',
+    for line in ('postlane_sends_total{lane="bulk",outcome="accepted",provider="recording"} 2.0',
+                 'postlane_sends_total{lane="bulk",outcome="permanent",provider="recording"} 1.0',
+                 'postlane_dead_letter_arrivals_total{lane="bulk",provider="recording",'
+                 'reason="permanent"} 1.0',
                  'postlane_send_duration_seconds_count{lane="bulk"} 3.0',
                  'postlane_enqueue_to_send_seconds_count{lane="bulk"} 2.0',
                  "postlane_limiter_waits_total 0.0",
@@ -391,7 +393,8 @@ async def test_worker_metrics_count_outcomes_dead_letters_and_latency(store: Sto
     try:
         async with httpx.AsyncClient() as client:
             scraped = await client.get(f"http://127.0.0.1:{server.server_port}/metrics")
-        assert 'postlane_sends_total{lane="bulk",outcome="accepted"} 2.0' in scraped.text
+        assert ('postlane_sends_total{lane="bulk",outcome="accepted",provider="recording"} '
+                '2.0') in scraped.text
     finally:
         server.shutdown()
         server.server_close()

@@ -19,6 +19,7 @@ from postlane.api import access_log, problems
 from postlane.api.auth_first import AuthFirst
 from postlane.api.models import Health
 from postlane.api.routes import router
+from postlane.api.routes_callbacks import router as callbacks_router
 from postlane.api.routes_content import router as content_router
 from postlane.api.routes_unsubscribe import router as unsubscribe_router
 from postlane.api.sessions import Sessions
@@ -203,6 +204,7 @@ def create_app(
             {"name": "imports", "description": "Bulk import runs: counters and pauses."},
             {"name": "webhooks", "description": "Provider delivery events."},
             {"name": "unsubscribe", "description": "One-click unsubscribe of bulk mail."},
+            {"name": "callbacks", "description": "Status callbacks to the application."},
             {"name": "service", "description": "Health and metrics."},
         ],
     )
@@ -211,6 +213,7 @@ def create_app(
     app.include_router(router)
     app.include_router(content_router)
     app.include_router(unsubscribe_router)
+    app.include_router(callbacks_router)
 
     @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
     async def healthz() -> Health:
@@ -247,5 +250,6 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
                        max_message_bytes=max_message_bytes)
     app.add_middleware(AuthFirst, state=state,  # outermost: it runs first
-                       routes=[*router.routes, *content_router.routes])
+                       routes=[*router.routes, *content_router.routes,
+                               *callbacks_router.routes])
     return app

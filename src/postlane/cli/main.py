@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from postlane.cli import apikeys as apikeys_cli
 from postlane.cli import bounces as bounces_cli
+from postlane.cli import callbacks as callbacks_cli
 from postlane.cli import check as check_cli
 from postlane.cli import demo as demo_cli
 from postlane.cli import dlq as dlq_cli
@@ -262,6 +263,7 @@ app.add_typer(suppress_cli.suppress, name="suppress")
 app.add_typer(bounces_cli.bounces, name="bounces")
 app.command()(serve_cli.serve)
 app.add_typer(apikeys_cli.apikey, name="apikey")
+app.add_typer(callbacks_cli.callbacks, name="callbacks")
 
 __all__ = ["Context", "app", "console", "delivery_json", "err_console", "main", "run_async",
            "run_with_store"]

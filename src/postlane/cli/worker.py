@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from postlane.callbacks import CallbackSender
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import (
     DEFAULT_LANES,
@@ -20,13 +21,13 @@ from postlane.core.lanes import (
     with_lane_policies,
     with_lane_timings,
 )
-from postlane.core.rates import parse_limits, parse_rate
+from postlane.core.rates import Limits, parse_limits, parse_rate
 from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import ConfigurationError
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
 from postlane.logs import configure_logging, log_effective_configuration
-from postlane.providers.base import no_account_limits, reports_account_limits
+from postlane.providers.base import Provider, no_account_limits, reports_account_limits
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -48,6 +49,15 @@ def worker(
         help="Provider URL: noop://, record:///path.db, sandbox://, smtp://...; for SMS "
              "sandbox-sms:// or twilio://. A worker claims only its provider's channel. "
              "Secrets belong in the environment, not on the command line.")],
+    fallback: Annotated[list[str] | None, typer.Option(
+        envvar="POSTLANE_FALLBACK", show_envvar=True,
+        help="A provider URL to fail over to while the one before it is down (its breaker "
+             "open, or account trouble); repeat for more, in order. Only what certainly did "
+             "not reach a provider moves on (docs/failover.md).")] = None,
+    fallback_rate: Annotated[list[str] | None, typer.Option(
+        envvar="POSTLANE_FALLBACK_RATE", show_envvar=True,
+        help="The ceiling of each --fallback, in the same order (200/s, 50000/d, "
+             "14/s,50000/d; 'none' for no limit). Unset: no limit.")] = None,
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
         help="The provider account's ceiling: 200/s; a daily quota 50000/d; both "
@@ -133,6 +143,10 @@ def worker(
     ] = "10s",  # type: ignore[assignment]
     drain: Annotated[bool, typer.Option(
         help="Exit once nothing is pending or in flight.")] = False,
+    callbacks: Annotated[bool, typer.Option(
+        envvar="POSTLANE_CALLBACKS", show_envvar=True,
+        help="Post the status callbacks the application registered (`postlane callbacks "
+             "add`); every worker shares the work.")] = True,
     drain_timeout: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_DRAIN_TIMEOUT", show_envvar=True,
         help="With --drain: give up after this long (a provider that stays down, an open "
@@ -164,23 +178,21 @@ def worker(
         )
         limits = parse_limits(rate) if rate else None
         shape = QuotaShape(burst=quota_burst, reserve=quota_reserve)
+        if not 0 <= headroom < 0.5:
+            raise ConfigurationError("--headroom must be in [0, 0.5)")
         provider_obj = open_provider(provider)
         limiter_obj = None
         if limits is not None:
-            if not 0 <= headroom < 0.5:
-                raise ConfigurationError("--headroom must be in [0, 0.5)")
             if limits.auto:
                 if not reports_account_limits(provider_obj):
                     raise ConfigurationError(no_account_limits(provider_obj))
             else:
-                quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
-                         if limits.per_day is not None else None)
-                per_second = (limits.per_second * (1 - headroom)
-                              if limits.per_second is not None else None)
-                limiter_obj = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
-                                           account=provider_obj.account)
+                limiter_obj = _fixed_limiter(limits, provider_obj, limiter, burst=burst,
+                                             headroom=headroom, shape=shape)
         elif limiter:
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
+        fallbacks = _fallbacks(fallback or [], fallback_rate or [], limiter, burst=burst,
+                               headroom=headroom, shape=shape)
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
     log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
@@ -212,7 +224,9 @@ def worker(
                 limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
-            instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
+            sender = CallbackSender(store) if callbacks else None
+            instance = Worker(store, provider_obj, limiter=limiter_obj, fallbacks=fallbacks,
+                              callbacks=sender, config=config)
             exporter = None
             if metrics_port is not None:
                 from postlane.metrics import WorkerMetrics
@@ -231,8 +245,9 @@ def worker(
                     follower.cancel()
                 if exporter is not None:
                     exporter.shutdown()
-                if limiter_obj is not None:
-                    await limiter_obj.close()
+                for made in [limiter_obj, *(lim for _, lim in fallbacks)]:
+                    if made is not None:
+                        await made.close()
 
     from postlane.cli.shell import err_console, run_async
 
@@ -240,6 +255,37 @@ def worker(
     if result is not None and not result.drained:
         err_console.print(f"[red]error:[/red] {escape(result.reason)}")
         raise typer.Exit(EXIT_DRAIN_GAVE_UP)
+
+
+def _fixed_limiter(limits: Limits, provider: Provider, url: str | None, *, burst: int,
+                   headroom: float, shape: QuotaShape) -> RateLimiter:
+    """The limiter of a fixed ceiling (per second, per day or both), keyed by the account."""
+    quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
+             if limits.per_day is not None else None)
+    per_second = limits.per_second * (1 - headroom) if limits.per_second is not None else None
+    return open_limiter(url, rate=per_second, burst=burst, quota=quota, account=provider.account)
+
+
+def _fallbacks(urls: list[str], rates: list[str], limiter: str | None, *, burst: int,
+               headroom: float, shape: QuotaShape) -> list[tuple[Provider, RateLimiter | None]]:
+    """The fallback providers, in order, each with its own ceiling (``--fallback-rate``)."""
+    if len(rates) > len(urls):
+        raise ConfigurationError(f"{len(rates)} --fallback-rate for {len(urls)} --fallback: "
+                                 "give one rate per fallback, in the same order")
+    made: list[tuple[Provider, RateLimiter | None]] = []
+    for index, url in enumerate(urls):
+        provider = open_provider(url)
+        text = rates[index] if index < len(rates) else "none"
+        if text.strip().lower() == "none":
+            made.append((provider, None))
+            continue
+        limits = parse_limits(text)
+        if limits.auto:
+            raise ConfigurationError("--fallback-rate auto is not supported: give the "
+                                     "fallback's ceiling (e.g. 50/s)")
+        made.append((provider, _fixed_limiter(limits, provider, limiter, burst=burst,
+                                              headroom=headroom, shape=shape)))
+    return made
 
 
 def pause(

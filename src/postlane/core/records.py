@@ -441,3 +441,77 @@ class ChannelStats:
 
     def as_json(self) -> dict[str, Any]:
         return {"pending_by_channel": dict(self.pending), "sms_fallbacks": dict(self.fallbacks)}
+# -- provider failover ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Which provider (its account) an attempt of a delivery went to: reconciliation of an
+    ambiguous attempt must ask that provider, and a delivery ``pinned`` there (ambiguous,
+    settled by the provider's deduplication) is never sent anywhere else."""
+
+    delivery_id: int
+    provider: str
+    attempt: int
+    pinned: bool = False
+
+
+# -- status callbacks ----------------------------------------------------------------------
+CALLBACK_TYPES = ("delivery.sent", "delivery.dead_lettered", "delivery.bounced",
+                  "delivery.complained", "delivery.suppressed")
+"""The event types an application may subscribe to."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackEndpoint:
+    """Where the application receives status callbacks. ``api_key_id`` None: for every
+    delivery; else only for the deliveries that API key produced."""
+
+    id: int
+    url: str
+    api_key_id: int | None
+    events: tuple[str, ...]
+    """Subscribed event types; empty: all of them."""
+    created_at: datetime
+    disabled_at: datetime | None
+    secret: str = field(default="", repr=False)
+    """The signing secret (``whsec_...``); never logged."""
+
+    @property
+    def active(self) -> bool:
+        return self.disabled_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """One status callback to one endpoint, as its outbox row holds it."""
+
+    id: int
+    endpoint_id: int
+    event_id: int
+    delivery_id: int
+    type: str
+    payload: Mapping[str, Any]
+    state: str
+    """``pending``, ``sent`` or ``dead``."""
+    attempts: int
+    """Attempts made, the one now claimed included."""
+    last_error: str | None
+    created_at: datetime
+    url: str = ""
+    secret: str = field(default="", repr=False)
+
+    @property
+    def message_id(self) -> str:
+        """The Standard Webhooks ``webhook-id``: the same on every retry and replay."""
+        return f"evt_{self.event_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackResult:
+    """What came of one claimed callback: ``sent``, ``retry`` (after ``delay_s``) or
+    ``dead`` (its budget is spent). Applied only if ``attempts`` still matches the row."""
+
+    id: int
+    attempts: int
+    outcome: str
+    delay_s: float = 0.0
+    error: str | None = None

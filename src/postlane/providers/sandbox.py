@@ -54,6 +54,9 @@ class SandboxConfig:
     """Retry-After of a random 429."""
     latency_s: float = 0.0
     seed: int | None = None
+    account: str = ""
+    """The account name (limiter key, breaker): two sandboxes in one worker, as a primary and
+    its fallback, need two; default ``sandbox``."""
 
     @classmethod
     def from_query(cls, query: str) -> SandboxConfig:
@@ -67,7 +70,9 @@ class SandboxConfig:
         values: dict[str, Any] = {}
         try:
             for name, raw in params.items():
-                if name == "reject":
+                if name == "account":
+                    values[name] = raw
+                elif name == "reject":
                     re.compile(raw)
                     values[name] = raw
                 elif name == "unknown_templates":
@@ -237,6 +242,10 @@ class SandboxProvider(Provider):
         self.sample_headers: dict[str, dict[str, str]] = {}
         """Per lane, the headers of the first message accepted (``wire_headers``), so a demo
         can show what a bulk message carried (its ``List-Unsubscribe``)."""
+
+    @property
+    def account(self) -> str:
+        return self.engine.config.account or self.name
 
     def with_config(self, **changes: Any) -> SandboxProvider:
         return SandboxProvider(replace(self.engine.config, **changes))

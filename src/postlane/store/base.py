@@ -49,6 +49,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreError
 from postlane.store.roles import (
     ApiKeyStore,
+    CallbackStore,
     FleetStore,
     ImportStore,
     OperatorStore,
@@ -69,6 +70,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "TEMPLATE_REFERENCE_CONDITION",
     "ApiKey",
     "ApiKeyStore",
+    "CallbackStore",
     "Claim",
     "Control",
     "DeadLetter",
@@ -171,6 +173,7 @@ class Store(
     ImportStore,
     ApiKeyStore,
     ProviderEventStore,
+    CallbackStore,
     abc.ABC,
 ):
     """Every role of the store (``store.roles``) in one: what an engine implements and

@@ -20,6 +20,9 @@ from postlane.core.deliverability import DEFAULT_POLICY, SuppressionPolicy
 from postlane.core.message import EMAIL, Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
+    Callback,
+    CallbackEndpoint,
+    CallbackResult,
     ChannelStats,
     Claim,
     Control,
@@ -35,6 +38,7 @@ from postlane.core.records import (
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
+    Route,
     Stats,
     Suppression,
     TemplateDeletion,
@@ -236,6 +240,13 @@ class WorkerStore(FleetStore, HousekeepingStore, Protocol):
     async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
         """The parts stored with these deliveries (id -> parts in order; an id without any
         is absent). Read when the messages are built to send, never by a claim."""
+    async def delivery_routes(self, ids: Sequence[int]) -> dict[int, Route]:
+        """The recorded route of each of these deliveries that has one (failover only)."""
+
+    @abc.abstractmethod
+    async def record_routes(self, routes: Sequence[Route]) -> None:
+        """Record (replace) the route of each delivery: before the attempt leaves, so an
+        ambiguous attempt always knows which provider to ask."""
 
 
 class OperatorStore(FleetStore, Protocol):
@@ -461,3 +472,50 @@ class ProviderEventStore(Protocol):
         for how it is found) in the timeline, move the provider status only forward, and
         suppress the address as ``core.deliverability.suppression_for`` says (counting the
         address's recent soft bounces under ``policy``), all in one transaction."""
+
+
+class CallbackStore(Protocol):
+    """Status callbacks to the application: its endpoints, and the outbox the timeline's
+    trigger fills. Used by ``postlane.callbacks`` (the sender), the CLI's ``callbacks``
+    commands and the HTTP API."""
+
+    @abc.abstractmethod
+    async def add_callback_endpoint(self, url: str, secret: str, api_key_id: int | None,
+                                    events: Sequence[str]) -> CallbackEndpoint:
+        """Register an endpoint; ``events`` empty: every event type."""
+
+    @abc.abstractmethod
+    async def list_callback_endpoints(self, api_key_id: int | None = None,
+                                      *, every_key: bool = True) -> list[CallbackEndpoint]:
+        """Endpoints, disabled ones included, oldest first; with ``every_key`` False only
+        those of ``api_key_id`` (None: the global ones)."""
+
+    @abc.abstractmethod
+    async def disable_callback_endpoint(self, endpoint_id: int,
+                                        api_key_id: int | None = None) -> bool:
+        """Stop callbacks to an endpoint (those queued are dropped as they come due). With
+        ``api_key_id``, only an endpoint of that key. False when none matched."""
+
+    @abc.abstractmethod
+    async def claim_callbacks(self, limit: int, lease_s: float) -> list[Callback]:
+        """Take due callbacks of active endpoints for one attempt each: their ``run_at`` moves
+        a lease ahead and their attempt is counted, so a sender that dies leaves them due
+        again (at least once)."""
+
+    @abc.abstractmethod
+    async def finish_callbacks(self, results: Sequence[CallbackResult]) -> int:
+        """Apply what came of claimed callbacks, each guarded by its attempt count; a callback
+        that is sent or dead also writes a timeline event of its delivery. How many applied."""
+
+    @abc.abstractmethod
+    async def list_callbacks(self, state: str | None = None, delivery_id: int | None = None,
+                             limit: int = 100) -> list[Callback]:
+        """Callbacks, newest first, optionally of one state or delivery."""
+
+    @abc.abstractmethod
+    async def replay_callbacks(self, ids: Sequence[int] | None = None) -> int:
+        """Dead callbacks (these ids, or all) due again with a fresh budget; how many."""
+
+    @abc.abstractmethod
+    async def callback_counts(self) -> dict[str, int]:
+        """Callbacks by state, for metrics and the health of the receivers."""

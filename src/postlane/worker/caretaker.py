@@ -11,7 +11,7 @@ concurrent rescues harmless.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from postlane.store.roles import WorkerStore
 from postlane.worker.breaker import FleetBreaker
@@ -25,15 +25,15 @@ log = logging.getLogger("postlane.worker")
 
 class Caretaker:
     def __init__(
-        self, store: WorkerStore, *, controls: FleetControls, breaker: FleetBreaker, account: str,
+        self, store: WorkerStore, *, controls: FleetControls, breakers: Sequence[FleetBreaker],
         reconciler: Reconciler, rescue_interval_s: float, interval_s: float,
         drain: Callable[[], Awaitable[bool]] | None, wake: Callable[[], None], clock: Clock,
         housekeeping: Housekeeping | None = None,
     ) -> None:
         self.store = store
         self.controls = controls
-        self.breaker = breaker
-        self.account = account
+        self.breakers = list(breakers)
+        """One per provider of the worker (the primary's first)."""
         self.reconciler = reconciler
         self.rescue_interval_s = rescue_interval_s
         self.interval_s = interval_s
@@ -55,7 +55,8 @@ class Caretaker:
     async def care(self) -> bool:
         """One round of housekeeping; True when a drain is complete."""
         await self.controls.refresh()
-        await self.breaker.refresh(self.controls.breaker(self.account))
+        for breaker in self.breakers:
+            await breaker.refresh(self.controls.breaker(breaker.account))
         now = self.clock.monotonic()
         if self._last_rescue is None or now - self._last_rescue >= self.rescue_interval_s:
             self._last_rescue = now
