@@ -10,9 +10,14 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from postlane.core.message import Delivery, Message
-from postlane.core.records import DeadLetter, Event
+from postlane.core.records import FILTER_STATES, DeadLetter, DeliveryFilter, Event
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
+from postlane.operations import BulkResult, Resolution
+
+FILTER_STATES_LITERAL = tuple(FILTER_STATES)
+STATE_HELP = ("A delivery state, or `retrying` (pending after a spent attempt; `pending` is "
+              "then a first try still waiting), or `queued` (both).")
 
 MAX_SECONDS = 10 * 365 * 86400.0
 """Longest duration accepted anywhere (ten years): beyond it a date no longer fits."""
@@ -192,6 +197,83 @@ class MessageDetail(BaseModel):
 
 class MessageList(BaseModel):
     messages: list[MessageOut] = Field(description="Newest first.")
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page (older messages); "
+                                  "null on the last page.")
+
+
+# -- acting on messages ------------------------------------------------------------------
+StateName = Literal[FILTER_STATES_LITERAL]  # type: ignore[valid-type]
+
+
+class CancelIn(Strict):
+    reason: Text = Field(default="", max_length=1000,
+                         description="Why, for the timeline (who is recorded anyway).")
+
+
+class ResolveIn(Strict):
+    resolution: Resolution = Field(description="`sent`: the provider has it (you checked); "
+                                               "`resend`: send it again with the same key "
+                                               "(a duplicate is possible); `dead`: give up "
+                                               "(dead letter `ambiguous_unresolved`).")
+    note: Text = Field(default="", max_length=1000, description="For the timeline.")
+    provider_message_id: Text | None = Field(
+        default=None, max_length=500, description="With `sent`: the provider's id, if known.")
+
+
+class ActedOut(BaseModel):
+    id: int
+    state: str = Field(description="The delivery's state now.")
+
+
+class FilterIn(Strict):
+    """A selection of messages, as `GET /v1/messages` takes it."""
+
+    state: StateName | None = Field(default=None, description=STATE_HELP)
+    lane: Text | None = Field(default=None, min_length=1, max_length=100)
+    key: Text | None = Field(default=None, min_length=1, max_length=255)
+    recipient: Text | None = Field(default=None, min_length=1, max_length=320)
+    import_id: Text | None = Field(default=None, min_length=1, max_length=200)
+    template_id: Text | None = Field(default=None, min_length=1, max_length=200)
+
+    def selection(self) -> DeliveryFilter:
+        return DeliveryFilter(state=self.state, lane=self.lane, key=self.key,
+                              recipient=self.recipient, import_id=self.import_id,
+                              template_id=self.template_id)
+
+
+class BulkIn(FilterIn):
+    dry_run: bool = Field(default=False, description="Count the selection; change nothing.")
+    expected: int | None = Field(
+        default=None, ge=0, description="The dry run's `matched`: required to act; refused "
+                                        "(409) if the selection has grown past it.")
+    upto_id: int | None = Field(
+        default=None, ge=0, description="The dry run's `upto_id`: required to act; nothing "
+                                        "newer than it is touched.")
+
+
+class BulkCancelIn(BulkIn):
+    reason: Text = Field(default="", max_length=1000, description="Why, for the timeline.")
+
+
+class BulkResolveIn(BulkIn):
+    resolution: Resolution
+    note: Text = Field(default="", max_length=1000, description="For the timeline.")
+
+
+class BulkOut(BaseModel):
+    selection: dict[str, str] = Field(description="The selection acted on (its state "
+                                                  "narrowed to what the action applies to).")
+    matched: int = Field(description="Messages in the selection when it was counted.")
+    upto_id: int = Field(description="The highest id counted; 0 when none matched.")
+    acted: int = Field(description="Cancelled or resolved now (0 on a dry run); fewer than "
+                                   "`matched` when some left the selection meanwhile.")
+    dry_run: bool
+
+    @classmethod
+    def of(cls, result: BulkResult) -> BulkOut:
+        return cls(selection=result.selection.as_dict(), matched=result.matched,
+                   upto_id=result.upto_id, acted=result.acted, dry_run=result.dry_run)
 
 
 # -- dead letters ------------------------------------------------------------------------

@@ -158,6 +158,38 @@ class DeadLetterFilter:
     """Also entries discarded or whose delivery is no longer dead (replayed and sent)."""
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryFilter:
+    """A selection of deliveries: what the messages browser lists and what a bulk cancel or
+    resolve acts on. Every field narrows; none given selects every delivery kept.
+
+    ``state`` is a delivery state or one of two views of ``pending``: ``retrying`` (a
+    pending delivery that has spent an attempt; ``pending`` then means a first try still
+    waiting) and ``queued`` (both: every pending delivery)."""
+
+    state: str | None = None
+    lane: str | None = None
+    key: str | None = None
+    recipient: str | None = None
+    import_id: str | None = None
+    template_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in FILTER_STATES:
+            raise ValueError(
+                f"unknown state {self.state!r}; one of: {', '.join(FILTER_STATES)}")
+
+    def as_dict(self) -> dict[str, str]:
+        """The fields that narrow, for echoing a selection back."""
+        return {name: value for name in self.__slots__
+                if (value := getattr(self, name)) is not None}
+
+
+FILTER_STATES: tuple[str, ...] = ("queued", "pending", "retrying", *(
+    str(s) for s in State if s is not State.PENDING))
+"""What ``DeliveryFilter.state`` takes: the states, pending split in two, and both."""
+
+
 # -- provider events and the suppression list ----------------------------------------------
 STATUS_RANK: dict[str, int] = {
     "deferred": 0, "delivered": 1, "opened": 2, "clicked": 2, "bounced": 3, "complained": 4,

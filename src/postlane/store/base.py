@@ -27,6 +27,7 @@ from postlane.core.records import (
     Control,
     DeadLetter,
     DeadLetterFilter,
+    DeliveryFilter,
     Event,
     ImportCounts,
     ImportProgress,
@@ -98,6 +99,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "bound_response",
     "check_template_id",
     "dead_letter_conditions",
+    "delivery_conditions",
     "enqueue_results",
     "find_conditions",
     "import_counts_from_rows",
@@ -188,6 +190,39 @@ def find_conditions(key: str | None, recipient: str | None, import_id: str | Non
     if not conditions:
         raise ValueError("find_deliveries needs a key, a recipient or an import id")
     return " AND ".join(conditions), params
+
+
+def delivery_conditions(
+    selection: DeliveryFilter, ph: Callable[[str], str], *, before: int | None = None,
+    upto_id: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """SQL conditions over ``postlane_deliveries`` for a selection (``DeliveryFilter``),
+    and their params; ``ph`` renders a named placeholder for the engine. ``before``: ids
+    below it (the next page, newest first); ``upto_id``: ids up to it (a bulk action acts
+    on what its preview counted, never on what arrived since)."""
+    conditions: list[str] = []
+    params: dict[str, Any] = {}
+    if selection.state == "queued":
+        conditions.append("state = 'pending'")
+    elif selection.state == "pending":
+        conditions.append("state = 'pending' AND attempts = 0")
+    elif selection.state == "retrying":
+        conditions.append("state = 'pending' AND attempts > 0")
+    elif selection.state is not None:
+        conditions.append(f"state = {ph('state')}")
+        params["state"] = selection.state
+    for name, column in (("lane", "lane"), ("key", "idempotency_key"),
+                         ("recipient", "recipient"), ("import_id", "import_id"),
+                         ("template_id", "template_id")):
+        value = getattr(selection, name)
+        if value is not None:
+            conditions.append(f"{column} = {ph(name)}")
+            params[name] = value
+    for name, op, bound in (("before", "<", before), ("upto_id", "<=", upto_id)):
+        if bound is not None:
+            conditions.append(f"id {op} {ph(name)}")
+            params[name] = bound
+    return (" AND ".join(conditions) or "1 = 1"), params
 
 
 TEMPLATE_REFERENCE_CONDITION = (

@@ -10,9 +10,17 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import Delivery
-from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
+from postlane.core.records import (
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    DeliveryFilter,
+    Event,
+    LaneStats,
+    Stats,
+)
 from postlane.core.states import State
-from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions
+from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, delivery_conditions
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
@@ -62,6 +70,19 @@ WITH u AS (
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state, data)
     SELECT id, 'cancelled', 'cancelled', jsonb_build_object('reason', %(reason)s::text) FROM u
+)
+SELECT id FROM u
+"""
+_CANCEL_MANY = """
+WITH u AS (
+    UPDATE postlane_deliveries
+    SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+    RETURNING id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'cancelled', 'cancelled',
+           jsonb_build_object('reason', %(reason)s::text, 'by', %(by)s::text) FROM u
 )
 SELECT id FROM u
 """
@@ -186,6 +207,40 @@ class OperatingMixin(PostgresBase):
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
             return await _deliveries(cur)
+
+    async def list_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
+        upto_id: int | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        where, params = delivery_conditions(selection, lambda name: f"%({name})s",
+                                            before=before, upto_id=upto_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
+            )
+            return await _deliveries(cur)
+
+    async def count_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+    ) -> tuple[int, int]:
+        where, params = delivery_conditions(selection, lambda name: f"%({name})s",
+                                            upto_id=upto_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
+                f"WHERE {where}", params)
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CANCEL_MANY, {"ids": list(ids), "reason": reason,
+                                                    "by": by})
+            return {row[0] for row in await cur.fetchall()}
 
     async def stats(self) -> Stats:
         async with self._pool.connection() as conn:

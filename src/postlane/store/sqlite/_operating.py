@@ -10,9 +10,22 @@ from datetime import timedelta
 from typing import Any
 
 from postlane.core.message import Delivery
-from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
+from postlane.core.records import (
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    DeliveryFilter,
+    Event,
+    LaneStats,
+    Stats,
+)
 from postlane.core.states import State
-from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, find_conditions
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    dead_letter_conditions,
+    delivery_conditions,
+    find_conditions,
+)
 from postlane.store.sqlite._base import (
     _COLS,
     _INSERT_EVENT,
@@ -172,6 +185,51 @@ class OperatingMixin(SQLiteBase):
             ).fetchall()
             return [_read(self.conn, r) for r in rows]
         return await self._run(self._tolerating_bad_text, _find)
+
+    async def list_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
+        upto_id: int | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        where, params = delivery_conditions(selection, lambda name: f":{name}",
+                                            before=before, upto_id=upto_id)
+
+        def _list() -> list[Delivery]:
+            rows = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
+            ).fetchall()
+            return [_read(self.conn, r) for r in rows]
+        return await self._run(self._tolerating_bad_text, _list)
+
+    async def count_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+    ) -> tuple[int, int]:
+        where, params = delivery_conditions(selection, lambda name: f":{name}",
+                                            upto_id=upto_id)
+
+        def _count() -> tuple[int, int]:
+            count, top = self.conn.execute(
+                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
+                f"WHERE {where}", params).fetchone()
+            return int(count), int(top)
+        return await self._run(_count)
+
+    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        if not ids:
+            return set()
+
+        def _cancel_many() -> set[int]:
+            with self._write() as conn:
+                done = [row[0] for row in conn.execute(
+                    f"UPDATE postlane_deliveries SET state = 'cancelled', "
+                    f"finished_at = {NOW}, updated_at = {NOW} "
+                    f"WHERE id IN (SELECT value FROM json_each(?)) AND state = 'pending' "
+                    f"RETURNING id", (json.dumps(list(ids)),))]
+                data = json.dumps({"reason": reason, "by": by})
+                conn.executemany(_INSERT_EVENT, [(i, "cancelled", "cancelled", data)
+                                                 for i in done])
+            return set(done)
+        return await self._run(_cancel_many)
 
     async def stats(self) -> Stats:
         def _stats() -> Stats:
