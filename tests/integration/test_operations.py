@@ -100,7 +100,7 @@ async def test_a_bulk_action_refuses_a_selection_grown_past_its_confirmation(
     preview = await resolve_matching(store, DeliveryFilter(), Resolution.SENT, by="ops",
                                      dry_run=True)
     assert preview.matched == 3 and preview.upto_id == max(ids)
-    with pytest.raises(ConfirmationRequired, match="holds 3 .* more than the 2") as refused:
+    with pytest.raises(ConfirmationRequired, match=r"holds 3 .* more than the 2") as refused:
         await resolve_matching(store, DeliveryFilter(), Resolution.SENT, by="ops",
                                expected=2, upto_id=preview.upto_id)
     assert refused.value.preview.matched == 3
@@ -124,10 +124,10 @@ async def test_a_bulk_resolve_settles_each_alike_and_skips_what_left_meanwhile(
 
 
 async def test_bulk_actions_refuse_states_they_do_not_apply_to(store: Store) -> None:
-    with pytest.raises(OperationRefused, match="cancel applies to .* not ambiguous"):
+    with pytest.raises(OperationRefused, match=r"cancel applies to .* not ambiguous"):
         await cancel_matching(store, DeliveryFilter(state="ambiguous"), by="ops",
                               dry_run=True)
-    with pytest.raises(OperationRefused, match="resolve applies to .* not pending"):
+    with pytest.raises(OperationRefused, match=r"resolve applies to .* not pending"):
         await resolve_matching(store, DeliveryFilter(state="pending"), Resolution.SENT,
                                by="ops", dry_run=True)
     with pytest.raises(ValueError, match="unknown state 'stuck'"):
