@@ -168,6 +168,10 @@ ROUTES = [
     ("POST", "/v1/messages", "send"),
     ("GET", "/v1/messages/1", "read"),
     ("GET", "/v1/messages?key=x", "read"),
+    ("POST", "/v1/messages/1/cancel", "operate"),
+    ("POST", "/v1/messages/1/resolve", "operate"),
+    ("POST", "/v1/messages/cancel", "operate"),
+    ("POST", "/v1/messages/resolve", "operate"),
     ("GET", "/v1/dead-letters", "read"),
     ("GET", "/v1/dead-letters/1", "read"),
     ("GET", "/v1/status", "read"),
@@ -233,7 +237,7 @@ async def test_a_message_with_its_timeline_and_search(api: Api) -> None:
     for query in ("key=receipt:9", "recipient=bob@example.com"):
         found = await api.client.get(f"/v1/messages?{query}", headers=api.auth("read"))
         assert [m["id"] for m in found.json()["messages"]] == [created["id"]]
-    problem(await api.client.get("/v1/messages", headers=api.auth("read")), 422)
+    problem(await api.client.get("/v1/messages?state=stuck", headers=api.auth("read")), 422)
     problem(await api.client.get("/v1/messages/999999", headers=api.auth("read")), 404)
     problem(await api.client.get("/v1/messages/0", headers=api.auth("read")), 422)
 
