@@ -113,7 +113,10 @@ ALL = [m.label for m in migrations.load("postgres")]
 def test_both_engines_ship_the_same_migrations() -> None:
     assert [m.label for m in migrations.load("sqlite")] == ALL
     assert ALL[:2] == ["0001_initial", "0002_controls"]
-    assert [m.version for m in migrations.load("sqlite")] == list(range(1, len(ALL) + 1))
+    versions = [m.version for m in migrations.load("sqlite")]
+    # Increasing and unique; parallel branches are given numbers ahead of time, so a branch
+    # may skip numbers that another branch's migrations fill when both are merged.
+    assert versions == sorted(set(versions)) and versions[0] == 1
 
 
 async def test_postgres_migrate_from_empty(fresh_pg_url: str) -> None:

@@ -395,6 +395,11 @@ class StatusOut(BaseModel):
     states: dict[str, int]
     attempts: dict[str, int] = Field(description="Active deliveries by the attempt they are on.")
     dead_letters: dict[str, int] = Field(description="Open dead letters by reason.")
+    dead_letter_causes: dict[str, int] = Field(
+        default_factory=dict, description="Open dead letters by cause (what to fix: "
+                                          "`unknown_template`, `rejected_recipient`, ...).")
+    arrivals: dict[str, int] = Field(
+        default_factory=dict, description="Messages ever queued, per lane (kept + pruned).")
     paused_lanes: list[str]
     paused_imports: list[str]
     breakers: dict[str, dict[str, Any]]

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from postlane.core.causes import cause_of
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import LEGACY_API
 from postlane.core.records import (
@@ -99,6 +100,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "bound_response",
     "check_template_id",
     "dead_letter_conditions",
+    "dead_letter_counts",
     "delivery_conditions",
     "enqueue_results",
     "find_conditions",
@@ -119,7 +121,7 @@ DELIVERY_COLUMNS: tuple[str, ...] = (
 DEAD_LETTER_COLUMNS = (
     "dl.delivery_id, dl.reason, dl.snapshot, dl.last_response, dl.attempt_history, dl.dead_at, "
     "dl.replayed_at, dl.replayed_by, dl.discarded_at, dl.discard_reason, dl.replay_count, "
-    "d.state"
+    "d.state, dl.cause"
 )
 
 
@@ -132,7 +134,7 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     params: dict[str, Any] = {}
     if not selection.include_closed:
         conditions.append("dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')")
-    for name, column in (("reason", "dl.reason"), ("lane", "d.lane"),
+    for name, column in (("reason", "dl.reason"), ("cause", "dl.cause"), ("lane", "d.lane"),
                          ("template_id", "d.template_id"), ("import_id", "d.import_id")):
         value = getattr(selection, name)
         if value is not None:
@@ -147,6 +149,20 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     if selection.replayed is not None:
         conditions.append("dl.replay_count > 0" if selection.replayed else "dl.replay_count = 0")
     return (" AND ".join(conditions) or "1 = 1"), params
+
+
+def dead_letter_counts(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Open dead letters by reason and by cause, from rows of (reason, cause, count); an
+    entry whose cause could not be named counts under its reason's (``core.causes``)."""
+    by_reason: dict[str, int] = {}
+    by_cause: dict[str, int] = {}
+    for reason, cause, count in rows:
+        by_reason[reason] = by_reason.get(reason, 0) + int(count)
+        named = cause or str(cause_of(reason))
+        by_cause[named] = by_cause.get(named, 0) + int(count)
+    return by_reason, by_cause
 
 
 class Store(

@@ -20,7 +20,12 @@ from postlane.core.records import (
     Stats,
 )
 from postlane.core.states import State
-from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, delivery_conditions
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    dead_letter_conditions,
+    dead_letter_counts,
+    delivery_conditions,
+)
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
@@ -96,7 +101,12 @@ WITH gone AS (
             OR (state = 'dead'
                 AND finished_at < now() - make_interval(secs => %(dead_s)s::float8)))
         LIMIT 5000
-    ) RETURNING id
+    ) RETURNING id, lane
+), counted AS (
+    -- Arrivals per lane are kept + pruned: retention must not turn that counter back.
+    INSERT INTO postlane_pruned AS p (lane, deliveries)
+    SELECT lane, count(*) FROM gone GROUP BY lane
+    ON CONFLICT (lane) DO UPDATE SET deliveries = p.deliveries + excluded.deliveries
 ), timeline AS (
     -- The timeline has no foreign key (it would be checked on every event insert, the hot
     -- path); deliveries and their events go together here instead.
@@ -251,24 +261,32 @@ class OperatingMixin(PostgresBase):
             lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
             for lane, depth, age in await cur.fetchall():
                 lanes[lane] = LaneStats(int(depth), max(0.0, float(age)))
+            # One pass over every row kept gives both the states and the arrivals per lane.
             cur = await conn.execute(
-                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
+                "SELECT lane, state, count(*) FROM postlane_deliveries GROUP BY lane, state"
             )
             states = {str(s): 0 for s in State}
-            states.update({s: int(n) for s, n in await cur.fetchall()})
+            arrivals = {name: 0 for name in self.limits.lanes}
+            for lane, state, n in await cur.fetchall():
+                states[state] = states.get(state, 0) + int(n)
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
+            cur = await conn.execute("SELECT lane, deliveries FROM postlane_pruned")
+            for lane, n in await cur.fetchall():
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
             cur = await conn.execute(
                 "SELECT attempts + 1, count(*) FROM postlane_deliveries "
                 "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
             )
             attempts = {str(a): int(n) for a, n in await cur.fetchall()}
             cur = await conn.execute(
-                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+                "SELECT dl.reason, dl.cause, count(*) FROM postlane_dead_letters dl "
                 "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
                 "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
-                "GROUP BY dl.reason"
+                "GROUP BY dl.reason, dl.cause"
             )
-            dead = {r: int(n) for r, n in await cur.fetchall()}
-        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+            dead, causes = dead_letter_counts(await cur.fetchall())
+        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead,
+                     dead_letter_causes=causes, arrivals=arrivals)
 
     async def cancel(self, delivery_id: int, reason: str = "") -> bool:
         async with self._pool.connection() as conn:
