@@ -365,7 +365,11 @@ async def test_metrics_from_the_store_at_scrape_time(api: Api) -> None:
                  'postlane_deliveries{state="pending"} 1.0',
                  'postlane_dead_letters_open{reason="permanent"} 0.0',
                  'postlane_lane_paused{lane="interactive"} 1.0',
-                 'postlane_lane_paused{lane="bulk"} 0.0'):
+                 'postlane_lane_paused{lane="bulk"} 0.0',
+                 'postlane_enqueued_total{lane="bulk"} 1.0',
+                 'postlane_enqueued_total{lane="interactive"} 0.0',
+                 'postlane_dead_letters_open_by_cause{cause="unknown_template"} 0.0',
+                 'postlane_provider_events_total{kind="bounced",lane="bulk"} 0.0'):
         assert line in text, line
     assert 'postlane_queue_oldest_age_seconds{lane="bulk"}' in text
     assert "postlane_status_query_seconds " in text
@@ -379,12 +383,18 @@ async def test_worker_metrics_count_outcomes_dead_letters_and_latency(store: Sto
     worker = Worker(store, provider, config=fast_config(drain=True))
     metrics = WorkerMetrics(worker)
     before = metrics.render().decode()
-    assert 'postlane_dead_letter_arrivals_total{lane="bulk",reason="permanent"} 0.0' in before
+    assert ('postlane_dead_letter_arrivals_total{cause="rejected_recipient",lane="bulk",'
+            'reason="permanent"} 0.0') in before
     await worker.run()
     text = metrics.render().decode()
     for line in ('postlane_sends_total{lane="bulk",outcome="accepted"} 2.0',
                  'postlane_sends_total{lane="bulk",outcome="permanent"} 1.0',
-                 'postlane_dead_letter_arrivals_total{lane="bulk",reason="permanent"} 1.0',
+                 'postlane_dead_letter_arrivals_total{cause="rejected_recipient",lane="bulk",'
+                 'reason="permanent"} 1.0',
+                 'postlane_dead_letter_arrivals_total{cause="unknown_template",lane="bulk",'
+                 'reason="permanent"} 0.0',
+                 'postlane_claim_age_seconds_count{lane="bulk"} 3.0',
+                 "postlane_limiter_errors_total 0.0",
                  'postlane_send_duration_seconds_count{lane="bulk"} 3.0',
                  'postlane_enqueue_to_send_seconds_count{lane="bulk"} 2.0',
                  "postlane_limiter_waits_total 0.0",

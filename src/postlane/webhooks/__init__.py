@@ -50,6 +50,9 @@ class WebhookResult:
     status: int
     detail: str
     events: list[dict[str, Any]] = field(default_factory=list)
+    recorded: list[tuple[str, str]] = field(default_factory=list)
+    """(lane, kind) of each event attached to a delivery for the first time: what the
+    metrics count (``postlane_provider_events_total``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +110,7 @@ async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str
     return WebhookResult(200, detail, [{
         "event_id": event.event_id, "kind": event.kind, "delivery_id": result.delivery_id,
         "duplicate": result.duplicate, "suppressed": result.suppressed,
-    }])
+    }], recorded=[] if result.duplicate or result.lane is None else [(result.lane, event.kind)])
 
 
 _STANDARD_KINDS = {

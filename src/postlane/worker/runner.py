@@ -98,7 +98,20 @@ class WorkerConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
 
+def send_extra(delivery: Delivery, provider_message_id: str | None = None,
+               attempt: object = None) -> dict[str, object]:
+    """``extra=`` for a log line about one send: the JSON log format writes these as fields
+    (``postlane.logs.SEND_FIELDS``); never the address, which stays redacted in the text."""
+    extra: dict[str, object] = {"delivery_id": delivery.id, "lane": delivery.lane}
+    if provider_message_id is not None:
+        extra["provider_message_id"] = provider_message_id
+    if isinstance(attempt, int):
+        extra["attempt"] = attempt
+    return extra
+
+
 Observer = Callable[[Delivery, Decision], None]
+ClaimObserver = Callable[[str, list[Delivery]], None]
 """Sees each outcome as decided: the delivery as claimed and the decision (its ``detail``
 carries ``outcome`` and ``duration_ms`` for sends)."""
 
@@ -150,6 +163,8 @@ class Worker:
         self.counters: Counter[str] = Counter()
         self.observers: list[Observer] = []
         """Called with every decided outcome (metrics hang off this); must not block."""
+        self.claim_observers: list[ClaimObserver] = []
+        """Called with each claimed batch and its lane (the claim age); must not block."""
 
         self._held: dict[int, Claim] = {}
         """Every claim this worker holds a lease for, until its outcome is written."""
@@ -315,6 +330,8 @@ class Worker:
             await self.clock.wait(wakeup, self.config.poll_interval_s)
             return
         self.counters["claimed"] += len(batch)
+        for observe_claims in self.claim_observers:
+            observe_claims(lane, batch)
         self._in_flight[lane] += len(batch)
         for delivery in batch:
             self._held[delivery.id] = Claim(delivery.id, delivery.claims)
@@ -428,7 +445,7 @@ class Worker:
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
-                      type(exc).__name__, exc)
+                      type(exc).__name__, exc, extra=send_extra(delivery))
             self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
             return
         if not slot:
@@ -468,7 +485,8 @@ class Worker:
         except Exception as exc:  # the outcome is reported; only the fleet signals failed
             self.counters["errors"] += 1
             log.error("delivery %d: could not share its outcome with the fleet (%s: %s)",
-                      delivery.id, type(exc).__name__, exc)
+                      delivery.id, type(exc).__name__, exc,
+                      extra=send_extra(delivery, outcome.provider_message_id))
         finally:
             self._release_slot(delivery)
 
@@ -479,17 +497,21 @@ class Worker:
     ) -> None:
         for observe in self.observers:
             observe(delivery, decision)
+        extra = send_extra(delivery, provider_message_id, decision.detail.get("attempt"))
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
             self.counters[f"dead:{reason}"] += 1
             level = logging.WARNING if reason == DeadReason.EXPIRED else logging.ERROR
             log.log(level, "ALERT dead letter: delivery %d (%s, lane %s, to %s) reason=%s",
                     delivery.id, delivery.key, delivery.lane,
-                    redact_address(delivery.recipient), reason)
+                    redact_address(delivery.recipient), reason, extra=extra)
         elif decision.state is State.AMBIGUOUS:
             self.counters["ambiguous"] += 1
             log.warning("delivery %d is ambiguous (%s)", delivery.id,
-                        decision.detail.get("resolution", ""))
+                        decision.detail.get("resolution", ""), extra=extra)
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("delivery %d: %s (lane %s, to %s)", delivery.id, decision.event,
+                      delivery.lane, redact_address(delivery.recipient), extra=extra)
         if error is None and decision.state is not State.SENT:
             error = decision.detail.get("why") or decision.detail.get("traceback")
         self.acker.add(Transition(
@@ -510,7 +532,7 @@ class Worker:
     def _lost(self, delivery: Delivery, why: str) -> None:
         self.counters["lease_lost"] += 1
         self._held.pop(delivery.id, None)
-        log.warning("delivery %d: %s", delivery.id, why)
+        log.warning("delivery %d: %s", delivery.id, why, extra=send_extra(delivery))
         self._release_slot(delivery)
 
     def _release_slot(self, delivery: Delivery) -> None:

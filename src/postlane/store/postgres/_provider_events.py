@@ -64,7 +64,7 @@ class ProviderEventsMixin(PostgresBase):
                     (address, rule[0], rule[1], delivery_id),
                 )
                 suppressed = address
-            return ProviderEventResult(False, delivery_id, changed, suppressed)
+            return ProviderEventResult(False, delivery_id, changed, suppressed, lane)
 
     async def suppress(self, address: str, stream: str, reason: str,
                        delivery_id: int | None = None) -> bool:

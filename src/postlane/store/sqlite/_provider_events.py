@@ -62,7 +62,7 @@ class ProviderEventsMixin(SQLiteBase):
                         f"ON CONFLICT DO NOTHING",
                         (suppressed, rule[0], rule[1], delivery_id),
                     )
-                return ProviderEventResult(False, delivery_id, changed, suppressed)
+                return ProviderEventResult(False, delivery_id, changed, suppressed, lane)
         return await self._run(_record)
 
     async def suppress(self, address: str, stream: str, reason: str,
