@@ -280,6 +280,10 @@ class BulkOut(BaseModel):
 class DeadLetterOut(BaseModel):
     delivery_id: int
     reason: str
+    cause: str | None = Field(default=None, description=(
+        "What to fix, and so whom to wake: `unknown_template`, `account_or_configuration`, "
+        "`handler_error`, `ambiguous_unresolved` (page); `rejected_recipient`, "
+        "`rejected_content`, `rejected_other`, `budget_exhausted`, `expired` (ticket)."))
     key: str | None
     lane: str | None
     to: str | None
@@ -297,7 +301,8 @@ class DeadLetterOut(BaseModel):
     def of(cls, e: DeadLetter) -> DeadLetterOut:
         s = e.snapshot
         return cls(
-            delivery_id=e.delivery_id, reason=e.reason, key=_opt_str(s.get("idempotency_key")),
+            delivery_id=e.delivery_id, reason=e.reason, cause=e.cause,
+            key=_opt_str(s.get("idempotency_key")),
             lane=_opt_str(s.get("lane")), to=_opt_str(s.get("recipient")),
             template_id=_opt_str(s.get("template_id")), import_id=_opt_str(s.get("import_id")),
             dead_at=e.dead_at, last_response=e.last_response, replay_count=e.replay_count,
@@ -340,6 +345,7 @@ class SelectionIn(Strict):
     """A triage selection: the entries of the dead-letter list with these filters."""
 
     reason: Text | None = None
+    cause: Text | None = None
     lane: Text | None = None
     template_id: Text | None = None
     import_id: Text | None = None
@@ -420,6 +426,6 @@ def _opt_str(value: object) -> str | None:
 
 
 def selection_kwargs(selection: SelectionIn) -> dict[str, Any]:
-    return {"reason": selection.reason, "lane": selection.lane,
+    return {"reason": selection.reason, "cause": selection.cause, "lane": selection.lane,
             "template_id": selection.template_id, "import_id": selection.import_id,
             "since": selection.since, "until": selection.until}

@@ -258,6 +258,10 @@ async def list_dead_letters(
     store: StoreDep, _key: Reader,
     reason: Annotated[Text | None, Query(max_length=100, description=(
         "permanent, budget_exhausted, expired, handler_error, ambiguous_unresolved"))] = None,
+    cause: Annotated[Text | None, Query(max_length=100, description=(
+        "unknown_template, account_or_configuration, handler_error, ambiguous_unresolved, "
+        "rejected_recipient, rejected_content, rejected_other, budget_exhausted, "
+        "expired"))] = None,
     lane: Annotated[Text | None, Query(max_length=100)] = None,
     template_id: Annotated[Text | None, Query(max_length=200)] = None,
     import_id: Annotated[Text | None, Query(max_length=200)] = None,
@@ -272,7 +276,7 @@ async def list_dead_letters(
 ) -> DeadLetterList:
     """Oldest first; open entries unless `include_closed`. Scope: `read`."""
     entries = await store.list_dead_letters(
-        DeadLetterFilter(reason=reason, lane=lane, template_id=template_id,
+        DeadLetterFilter(reason=reason, cause=cause, lane=lane, template_id=template_id,
                          import_id=import_id, since=since, until=until, replayed=replayed,
                          include_closed=include_closed), limit=limit)
     return DeadLetterList(dead_letters=[DeadLetterOut.of(e) for e in entries],
