@@ -36,7 +36,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from postlane import tracing
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
 from postlane.core.message import Delivery
@@ -451,6 +453,11 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
+        with tracing.sending(delivery) as span:  # a no-op unless traces are on
+            await self._attempt(lane, delivery, span)
+
+    async def _attempt(self, lane: LaneConfig, delivery: Delivery, span: Any) -> None:
+        """One attempt in its slot: send, decide, report."""
         started = self.clock.monotonic()
         # A hard deadline, the lane's own, classified by the phase the send reached
         # (worker/attempt.py).
@@ -466,6 +473,7 @@ class Worker:
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)
+            tracing.record_outcome(span, "handler_error", str(decision.state))
             self._report(delivery, decision, release=True)
             self.breaker.probe_unsent(delivery.id)
             return
@@ -474,6 +482,8 @@ class Worker:
                           policy=self.config.retry, rand=self.rand)
         decision.detail["duration_ms"] = duration_ms
         self.counters[f"outcome:{outcome.kind}"] += 1
+        tracing.record_outcome(span, str(outcome.kind), str(decision.state),
+                               outcome.provider_message_id)
         # Reported before any await, so a stop cancelling this task cannot lose the outcome;
         # the slot is freed only once the breaker has seen it.
         self._report(delivery, decision, release=False,
