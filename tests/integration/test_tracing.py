@@ -78,10 +78,10 @@ def test_the_outbox_traces_what_it_creates_and_links_the_callers_span(
 
     asyncio.run(migrate())
     tracer = TracerProvider().get_tracer("app")
-    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
-        with tracer.start_as_current_span("POST /signup") as request:
-            postlane.enqueue(conn, Message(key="welcome:7", to="c@example.com", text="t"))
-            postlane.enqueue(conn, Message(key="welcome:7", to="c@example.com", text="t"))
+    with (sqlite3.connect(url.removeprefix("sqlite:///")) as conn,
+          tracer.start_as_current_span("POST /signup") as request):
+        postlane.enqueue(conn, Message(key="welcome:7", to="c@example.com", text="t"))
+        postlane.enqueue(conn, Message(key="welcome:7", to="c@example.com", text="t"))
     (span,) = spans.get_finished_spans()  # the repeat created nothing, and adds no span
     assert span.name == "postlane.enqueue"
     assert span.context.trace_id == tracing.trace_ids("welcome:7")[0]
