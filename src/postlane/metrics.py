@@ -13,6 +13,10 @@ Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_
                                            a first try); a growing tail means trouble
 ``postlane_deliveries{state}``             every delivery kept (until pruned), by state
 ``postlane_dead_letters_open{reason}``     dead letters not replayed, sent or discarded
+``postlane_dead_letters_open_by_cause``    the same, by cause (``core.causes``)
+``postlane_enqueued_total{lane}``          deliveries ever enqueued (kept + pruned)
+``postlane_provider_events_total``         webhook events attached, by lane and kind (a
+                                           counter of this process, not of the store)
 ``postlane_lane_paused{lane}``             1 while an operator pause is in force
 ``postlane_import_paused{import_id}``      1 while an import is paused
 ``postlane_breaker_state{account,state}``  1 while a provider account's breaker is open or
@@ -34,7 +38,9 @@ so several scrapers and open dashboards do not multiply the queries.
 ``postlane_sends_total{lane,outcome}``              attempts by outcome class (accepted,
                                                     throttled, transient, ambiguous,
                                                     permanent, account, handler_error)
-``postlane_dead_letter_arrivals_total{lane,reason}``  deliveries dead-lettered by this worker
+``postlane_dead_letter_arrivals_total{lane,reason,cause}``  dead-lettered by this worker
+``postlane_claim_age_seconds{lane}``                how long a delivery was due when claimed
+``postlane_limiter_errors_total``                   failed rate-limiter calls (Redis down)
 ``postlane_send_duration_seconds{lane}``            the provider call, per attempt
 ``postlane_enqueue_to_send_seconds{lane}``          enqueue until accepted (a replay counts
                                                     from the original enqueue)
