@@ -50,8 +50,9 @@ _RESOLVED: dict[Resolution, tuple[State, str, DeadReason | None]] = {
 
 
 async def cancel(store: OperatorStore, delivery_id: int, *, by: str, reason: str = "") -> None:
-    """Withdraw a pending (or ambiguous) delivery before it is sent."""
-    if not await store.cancel(delivery_id, reason or f"cancelled by {by}"):
+    """Withdraw a pending (or ambiguous) delivery before it is sent; the timeline says who."""
+    why = f"{reason} (cancelled by {by})" if reason else f"cancelled by {by}"
+    if not await store.cancel(delivery_id, why):
         raise OperationRefused(
             f"delivery {delivery_id} is not pending or ambiguous; nothing cancelled")
 
