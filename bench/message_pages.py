@@ -24,13 +24,13 @@ from postlane.store import open_store
 _FILL = """
 INSERT INTO postlane_deliveries (idempotency_key, lane, recipient, subject, text_body, state,
                                  attempts, import_id, template_id, finished_at)
-SELECT 'k:' || i, CASE WHEN i % 5 = 0 THEN 'interactive' ELSE 'bulk' END,
-       'u' || (i % 50000) || '@example.com', 's', 't',
-       CASE WHEN i % 1000 = 0 THEN 'dead' WHEN i % 200 = 0 THEN 'cancelled'
-            WHEN i % 100 = 0 THEN 'pending' ELSE 'sent' END,
-       CASE WHEN i % 1000 = 0 THEN 5 WHEN i % 300 = 0 THEN 2 ELSE 1 END,
-       'import-' || (i % 20), 'tpl-' || (i % 10),
-       CASE WHEN i % 100 = 0 AND i % 200 <> 0 THEN NULL ELSE now() END
+SELECT 'k:' || i, CASE WHEN i %% 5 = 0 THEN 'interactive' ELSE 'bulk' END,
+       'u' || (i %% 50000) || '@example.com', 's', 't',
+       CASE WHEN i %% 1000 = 0 THEN 'dead' WHEN i %% 200 = 0 THEN 'cancelled'
+            WHEN i %% 100 = 0 THEN 'pending' ELSE 'sent' END,
+       CASE WHEN i %% 1000 = 0 THEN 5 WHEN i %% 300 = 0 THEN 2 ELSE 1 END,
+       'import-' || (i %% 20), 'tpl-' || (i %% 10),
+       CASE WHEN i %% 100 = 0 AND i %% 200 <> 0 THEN NULL ELSE now() END
 FROM generate_series(1, %(rows)s) AS i
 """
 
@@ -62,10 +62,9 @@ async def measure(url: str, rows: int) -> list[tuple[str, float, float]]:
         conn.execute("VACUUM ANALYZE postlane_deliveries")
     found = []
     async with open_store(url) as store:
+        deep_cursor = rows // 20  # a page near the end: past 95 % of the rows, newest first
         for name, selection in FILTERS:
             first = await _median_ms(lambda s=selection: store.list_deliveries(s, limit=100))
-            # A page near the end: the cursor past 95% of the rows (newest first).
-            deep_cursor = rows // 20
             deep = await _median_ms(lambda s=selection: store.list_deliveries(
                 s, before=deep_cursor, limit=100))
             found.append((name, first, deep))

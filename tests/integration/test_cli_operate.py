@@ -59,3 +59,18 @@ def test_resolve_and_cancel(tmp_path: Path) -> None:
     }
     code, out = cli(url, "dlq", "list", "--json")
     assert code == 0 and '"reason": "ambiguous_unresolved"' in out
+
+
+def test_dlq_replay_dry_run_of_one_entry_refuses_as_the_replay_would(tmp_path: Path) -> None:
+    """`dlq replay ID --dry-run` runs every check of the replay and changes nothing."""
+    url = f"sqlite:///{tmp_path / 'ops.db'}"
+    asyncio.run(prepare(url))
+    assert cli(url, "resolve", "3", "--as", "dead", "--note", "checked: not sent")[0] == 0
+    code, out = cli(url, "dlq", "replay", "3", "--dry-run")
+    assert code == 0 and "would replay delivery 3" in out
+    code, out = cli(url, "dlq", "replay", "2", "--dry-run")  # ambiguous, no dead letter
+    assert code == 1 and "no dead letter for delivery 2" in out
+    assert cli(url, "dlq", "discard", "3", "--reason", "not needed")[0] == 0
+    code, out = cli(url, "dlq", "replay", "3", "--dry-run")
+    assert code == 1 and "was discarded" in out
+    assert asyncio.run(states(url))["c"] == ("dead", "ambiguous_unresolved")

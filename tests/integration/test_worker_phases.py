@@ -188,6 +188,56 @@ async def test_http_well_behaved_server_is_sent(store: Store) -> None:
     assert [len(body) > len(BIG) for body in server.received] == [True]
 
 
+# == SES ===================================================================================
+@pytest.fixture
+def small_botocore_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's sockets get small send buffers too, so a body the server does not read is
+    really stuck in the client (loopback's default buffers would swallow it whole)."""
+    import socket
+
+    import botocore.args
+    from misbehaving_http import BUFFER
+
+    compute = botocore.args.ClientArgsCreator._compute_socket_options
+
+    def small(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return [*compute(self, *args, **kwargs), (socket.SOL_SOCKET, socket.SO_SNDBUF, BUFFER)]
+
+    monkeypatch.setattr(botocore.args.ClientArgsCreator, "_compute_socket_options", small)
+
+
+def ses_worker_for(store: Store, server: MisbehavingHTTP, *, attempt_timeout_s: float,
+                   client_timeout_s: float = NEVER) -> Worker:
+    from postlane.providers.ses import SESProvider
+
+    url = (f"ses://testing:secret@us-east-1?endpoint_url=http://127.0.0.1:{server.port}"
+           f"&timeout={client_timeout_s:g}&from=noreply@example.com")
+    config = fast_config(attempt_timeout_s=attempt_timeout_s, lanes=lanes(max_attempts=3),
+                         retry=RetryPolicy(base_s=NEVER, cap_s=NEVER))
+    return Worker(store, SESProvider.from_url(url), config=config, rand=lambda: 0.5)
+
+
+@pytest.mark.usefixtures("small_botocore_buffers")
+@pytest.mark.parametrize("cut_off_by", ["attempt deadline", "client timeout", "drop"])
+@pytest.mark.parametrize("at", ["headers", "body"])
+async def test_ses_endpoint_misbehaving_before_and_after_the_whole_request(
+        store: Store, at: Point, cut_off_by: str) -> None:
+    """SES through botocore: its point of no return is the request's last bytes handed to
+    the socket (not the start of the HTTP exchange), so an endpoint that stalls or drops
+    before reading the whole body leaves the attempt transient, and one that read it all
+    leaves it ambiguous."""
+    how: HttpMisbehaviour = "drop" if cut_off_by == "drop" else "stall"
+    async with misbehaving_http(at, how) as server:
+        r = await store.enqueue(msg(f"ses:{at}", text=BIG))
+        if cut_off_by == "attempt deadline":
+            worker = ses_worker_for(store, server, attempt_timeout_s=0.5)
+        else:
+            worker = ses_worker_for(store, server, attempt_timeout_s=NEVER,
+                                    client_timeout_s=0.3)
+        async with running(worker):
+            await check_http_attempt(store, r.key, server, sent=at == "body")
+
+
 # == the hard bound ========================================================================
 class Stubborn(Provider):
     """Reaches ``phase`` and then swallows every cancellation until released (as a

@@ -14,6 +14,7 @@ from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.limiter.memory import MemoryLimiter
 from postlane.providers.base import Provider
 from postlane.providers.progress import AttemptAbandoned, AttemptProgress, current_progress
+from postlane.providers.sandbox import SandboxProvider
 from postlane.worker.attempt import Attempt, at_deadline
 from tests.factories import delivery as make_delivery
 
@@ -121,6 +122,22 @@ async def test_deadline_is_hard_even_when_the_send_ignores_cancellation(
     assert provider.handed_over == 0
 
 
+@pytest.mark.parametrize(("phase", "kind"), [(Phase.CONNECT, X), (Phase.RESPONSE, Y)])
+async def test_the_deadline_runs_on_the_injected_clock(phase: Phase, kind: OutcomeClass) -> None:
+    """A 30 s deadline and a send that never ends: decided without waiting in real time,
+    after exactly the deadline and the cancel grace on the worker's clock."""
+    from tests.clock import FakeClock
+
+    clock = FakeClock()
+    provider = Scripted(phase, stubborn=True)
+    async with asyncio.timeout(5):  # real time: a wall-clock deadline would blow this
+        outcome = await Attempt(provider, delivery(), 30.0, clock=clock).run()
+    assert (outcome.kind, outcome.phase) == (kind, phase)
+    assert "no answer within 30s" in (outcome.response or "")
+    assert clock.sleeps == [30.0, 0.05]
+    provider.release.set()
+
+
 async def test_a_reply_after_the_deadline_is_ignored() -> None:
     """A stubborn send that gets its 250 after the deadline changes nothing: the outcome is
     the deadline's (here: it had passed the point, so ambiguous, never accepted)."""
@@ -172,3 +189,33 @@ async def test_a_429_closes_the_shared_gate_inside_the_attempt() -> None:
     outcome = await Attempt(Throttling(), delivery(), 5.0, limiter=limiter).run()
     assert outcome.kind is OutcomeClass.THROTTLED
     assert 29.0 < await limiter.gate_remaining_s() <= 30.0
+
+
+# -- the in-process sandbox reports its phases --------------------------------------------
+async def test_sandbox_cut_off_on_the_way_never_reached_it() -> None:
+    """Its latency is the request on its way: a deadline there is transient and the engine
+    counts no request."""
+    from postlane.providers.registry import open_provider
+
+    sandbox = open_provider("sandbox://?latency_s=5")
+    assert isinstance(sandbox, SandboxProvider)
+    outcome = await Attempt(sandbox, delivery(), 0.05).run()
+    assert (outcome.kind, outcome.phase) == (X, Phase.REQUEST)
+    assert sandbox.engine.stats.requests == 0
+
+
+async def test_sandbox_sitting_on_an_accepted_message_is_ambiguous() -> None:
+    from postlane.providers.registry import open_provider
+
+    sandbox = open_provider("sandbox://?timeout_rate=1&timeout_delay_s=5")
+    assert isinstance(sandbox, SandboxProvider)
+    outcome = await Attempt(sandbox, delivery(), 0.05).run()
+    assert (outcome.kind, outcome.phase) == (Y, Phase.RESPONSE)
+    assert sandbox.engine.stats.requests == 1
+
+
+async def test_sandbox_answers_carry_the_phase() -> None:
+    from postlane.providers.registry import open_provider
+
+    outcome = await open_provider("sandbox://").send(delivery())
+    assert outcome.kind is OutcomeClass.ACCEPTED and outcome.phase is Phase.RESPONSE

@@ -246,11 +246,13 @@ class BulkIn(FilterIn):
     dry_run: bool = Field(default=False, strict=True,
                           description="Count the selection; change nothing.")
     expected: int | None = Field(
-        default=None, ge=0, strict=True, description="The dry run's `matched`: required to act; refused "
-                                        "(409) if the selection has grown past it.")
+        default=None, ge=0, strict=True,
+        description="The dry run's `matched`: required to act; refused (409) if the "
+                    "selection has grown past it.")
     upto_id: int | None = Field(
-        default=None, ge=0, strict=True, description="The dry run's `upto_id`: required to act; nothing "
-                                        "newer than it is touched.")
+        default=None, ge=0, strict=True,
+        description="The dry run's `upto_id`: required to act; nothing newer than it is "
+                    "touched.")
 
 
 class BulkCancelIn(BulkIn):

@@ -170,12 +170,10 @@ def replay(
     who = by or getpass.getuser()
     if delivery_id is not None:
         async def _one(store: Store) -> DeadLetter:
-            if dry_run:
-                entry = await store.dead_letter(delivery_id)
-                if entry is None:
-                    raise typer.BadParameter(f"no dead letter for delivery {delivery_id}")
-                return entry
-            return await replay_one(store, delivery_id, by=who, valid_for=valid_for)
+            # A dry run refuses exactly as the replay would (discarded, not dead, no longer
+            # useful), so it can be trusted before the real one.
+            return await replay_one(store, delivery_id, by=who, valid_for=valid_for,
+                                    dry_run=dry_run)
 
         entry = run_with_store(ctx, _one)
         verb = "would replay" if dry_run else "replayed"

@@ -51,10 +51,11 @@ class Phase(StrEnum):
     DATA = "data"
     """SMTP DATA until the message's final dot is handed to the connection."""
     REQUEST = "request"
-    """HTTP: writing the request line, headers and body (SES: preparing the call)."""
+    """HTTP: connecting, writing the request line, headers and body (SES: also preparing and
+    signing the call)."""
     RESPONSE = "response"
-    """Past the point of no return: the final dot or the whole request was written (SES:
-    handed to botocore's HTTP layer); waiting for, or reading, the answer."""
+    """Past the point of no return: the final dot or the request's last bytes were handed to
+    the connection; waiting for, or reading, the answer."""
 
     @property
     def may_have_reached_provider(self) -> bool:

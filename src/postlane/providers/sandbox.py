@@ -26,9 +26,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from postlane.core.message import Delivery
-from postlane.core.outcomes import Outcome, OutcomeClass
+from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError
 from postlane.providers.base import Capabilities, Provider
+from postlane.providers.progress import current_progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,13 +229,19 @@ class SandboxProvider(Provider):
         return SandboxProvider(replace(self.engine.config, **changes))
 
     async def send(self, delivery: Delivery) -> Outcome:
+        """The latency is the request on its way (cut off there, the engine never saw it);
+        the engine's ``submit`` is the point of no return, as a real provider's read of the
+        whole request is."""
         config = self.engine.config
+        progress = current_progress()
+        progress.reach(Phase.REQUEST)
         if config.latency_s:
             await asyncio.sleep(config.latency_s)
+        progress.reach(Phase.RESPONSE)
         answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id)
         if answer.hang and config.timeout_delay_s:
             await asyncio.sleep(config.timeout_delay_s)
-        return outcome_of(answer)
+        return outcome_of(answer).at(Phase.RESPONSE)
 
     async def lookup(self, key: str) -> Outcome | None:
         found = self.engine.lookup(key)

@@ -32,11 +32,13 @@ Mapping (error code first, then HTTP status):
       SMTPUTF8; nothing is sent)                         permanent
 
 Phases (``postlane.core.outcomes.Phase``): queued while the call waits for a thread of the
-pool (cancelled there, it never runs), request while botocore builds and signs it, response
-from botocore's ``before-send`` event on. botocore does not say when the request is fully
-written, so the point of no return is taken as the start of the HTTP exchange: an attempt
-deadline during SES's connect counts as ambiguous (botocore's own connect timeout, shorter
-by default, still reports it as transient).
+pool (cancelled there, it never runs), request while botocore builds and signs it, connects
+and writes the request, response once the request's last bytes are handed to the socket.
+botocore does not say when a request is fully written, so at its ``before-send`` event the
+body is wrapped in a reader (``_MarksLastChunk``) that reports the point of no return just
+before it returns the body's final bytes to the HTTP layer: an attempt deadline while SES is
+slow to accept the connection, the TLS handshake or the body is transient, like botocore's
+own connect timeout.
 
 Sending paused is an account state, not a verdict on the message: retrying later may work,
 and dead-lettering every queued message for it would empty the queue. It is *throttled*
@@ -302,10 +304,50 @@ def _send_email(progress: AttemptProgress, client: SESV2Client,
     return client.send_email(**request)
 
 
-def _before_send(**_: Any) -> None:
-    """botocore is about to open the HTTP exchange: past the point of no return from here
-    (the thread runs in the attempt's context, see ``in_context``)."""
-    current_progress().reach(Phase.RESPONSE)
+def _before_send(request: Any = None, **_: Any) -> None:
+    """botocore is about to connect and write the request: the point of no return is its
+    last byte, which ``_MarksLastChunk`` reports (the thread runs in the attempt's context,
+    see ``in_context``). A request without a body in bytes is past it from here."""
+    progress = current_progress()
+    body = getattr(request, "body", None)
+    if isinstance(body, bytes | bytearray) and body:
+        request.body = _MarksLastChunk(bytes(body), progress)
+    else:
+        progress.reach(Phase.RESPONSE)
+
+
+class _MarksLastChunk:
+    """A request body that reports ``Phase.RESPONSE`` just before handing over its last bytes.
+
+    The HTTP layer reads a body like this one block at a time and writes each block before
+    reading the next, so everything returned before the last block is on its way while the
+    message is still incomplete for SES. Seekable, because botocore rewinds a body it resends.
+    """
+
+    def __init__(self, data: bytes, progress: AttemptProgress) -> None:
+        self._data = data
+        self._progress = progress
+        self._at = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._data) if size is None or size < 0 else min(len(self._data),
+                                                                    self._at + size)
+        if end == len(self._data) and self._at < end:
+            self._progress.reach(Phase.RESPONSE)  # raises if the worker gave up
+        chunk = self._data[self._at:end]
+        self._at = end
+        return chunk
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._at, 2: len(self._data)}[whence]
+        self._at = max(0, min(len(self._data), base + offset))
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
 
 def _watch_sending(client: SESV2Client) -> None:

@@ -1,9 +1,10 @@
 """One send attempt under a hard deadline, classified by how far it got.
 
 ``provider.send`` runs as a task of its own with an ``AttemptProgress`` bound to it. The
-worker waits for that task with ``asyncio.wait`` (not ``asyncio.timeout`` around the send:
-on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
-send would then hold its slot until the library's own timeout). At the deadline:
+worker waits for that task's end on its ``Clock`` (not with ``asyncio.timeout`` around the
+send: on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
+send would then hold its slot until the library's own timeout; and a test clock moves the
+deadline without real waiting). At the deadline:
 
 1. ``progress.abandon()`` reads the phase reached and closes the gate, so the send can no
    longer pass its point of no return (``reach`` raises from then on);
@@ -32,6 +33,7 @@ from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
 from postlane.providers.progress import AttemptProgress, tracked_context
+from postlane.worker.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("postlane.worker")
 
@@ -47,12 +49,13 @@ class Attempt:
 
     def __init__(self, provider: Provider, delivery: Delivery, timeout_s: float, *,
                  limiter: RateLimiter | None = None,
-                 cancel_grace_s: float = CANCEL_GRACE_S) -> None:
+                 cancel_grace_s: float = CANCEL_GRACE_S, clock: Clock = SYSTEM_CLOCK) -> None:
         self.provider = provider
         self.delivery = delivery
         self.timeout_s = timeout_s
         self.limiter = limiter
         self.cancel_grace_s = cancel_grace_s
+        self.clock = clock
         self.progress = AttemptProgress()
 
     async def run(self) -> Outcome:
@@ -61,17 +64,19 @@ class Attempt:
         and propagates too (``stopped`` classifies it)."""
         task = asyncio.get_running_loop().create_task(
             self._send(), context=tracked_context(self.progress))
+        ended = asyncio.Event()
+        task.add_done_callback(lambda _: ended.set())
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+            await self.clock.wait(ended, self.timeout_s)
         except asyncio.CancelledError:
             self.progress.abandon()
             _let_go(task)
             raise
-        if done:
+        if task.done():
             return task.result().at(self.progress.phase)
         phase = self.progress.abandon()
         task.cancel()
-        await asyncio.wait({task}, timeout=self.cancel_grace_s)
+        await self.clock.wait(ended, self.cancel_grace_s)
         if not task.done():
             log.warning("delivery %d: the send ignored its cancellation at the deadline; "
                         "left to end in the background", self.delivery.id)

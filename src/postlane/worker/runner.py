@@ -463,7 +463,7 @@ class Worker:
         # (worker/attempt.py).
         attempt = Attempt(self.provider, delivery,
                           lane.attempt_timeout_s or self.config.attempt_timeout_s,
-                          limiter=self.limiter)
+                          limiter=self.limiter, clock=self.clock)
         try:
             outcome = await attempt.run()
         except asyncio.CancelledError:
