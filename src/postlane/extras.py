@@ -28,6 +28,7 @@ EXTRAS: dict[str, frozenset[str]] = {
     "psycopg2": frozenset({"psycopg2"}),
     "asyncpg": frozenset({"asyncpg"}),
     "aiosqlite": frozenset({"aiosqlite"}),
+    "otel": frozenset({"opentelemetry"}),
     "testing": frozenset({"pytest"}),
 }
 """extra -> the top-level modules it installs (the keys of pyproject's optional-dependencies;

@@ -13,6 +13,10 @@ Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_
                                            a first try); a growing tail means trouble
 ``postlane_deliveries{state}``             every delivery kept (until pruned), by state
 ``postlane_dead_letters_open{reason}``     dead letters not replayed, sent or discarded
+``postlane_dead_letters_open_by_cause``    the same, by cause (``core.causes``)
+``postlane_enqueued_total{lane}``          deliveries ever enqueued (kept + pruned)
+``postlane_provider_events_total``         webhook events attached, by lane and kind (a
+                                           counter of this process, not of the store)
 ``postlane_lane_paused{lane}``             1 while an operator pause is in force
 ``postlane_import_paused{import_id}``      1 while an import is paused
 ``postlane_breaker_state{account,state}``  1 while a provider account's breaker is open or
@@ -41,7 +45,9 @@ so several scrapers and open dashboards do not multiply the queries.
 ``postlane_sends_total{lane,outcome}``              attempts by outcome class (accepted,
                                                     throttled, transient, ambiguous,
                                                     permanent, account, handler_error)
-``postlane_dead_letter_arrivals_total{lane,reason}``  deliveries dead-lettered by this worker
+``postlane_dead_letter_arrivals_total{lane,reason,cause}``  dead-lettered by this worker
+``postlane_claim_age_seconds{lane}``                how long a delivery was due when claimed
+``postlane_limiter_errors_total``                   failed rate-limiter calls (Redis down)
 ``postlane_send_duration_seconds{lane}``            the provider call, per attempt
 ``postlane_enqueue_to_send_seconds{lane}``          enqueue until accepted (a replay counts
                                                     from the original enqueue)
@@ -68,7 +74,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +82,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from postlane.core.causes import CAUSES_BY_REASON, DeadCause, cause_of
 from postlane.core.message import Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.states import DeadReason, State
@@ -98,6 +105,10 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CLAIM_AGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+                     3600.0)
+PROVIDER_EVENT_KINDS = ("delivered", "bounced", "complained", "deferred")
+"""Created at zero per lane (opened and clicked are counted when they come)."""
 ENQUEUE_TO_SEND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
                            900.0, 3600.0)
 
@@ -157,11 +168,24 @@ class FleetSampler:
 class StoreCollector(Collector):
     """Gauges from the latest ``FleetStatus``; ``render`` takes the reading first."""
 
-    def __init__(self, sampler: FleetSampler) -> None:
+    def __init__(self, sampler: FleetSampler, lanes: Iterable[str] = ()) -> None:
         self.sampler = sampler
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._status: FleetStatus | None = None
+        self.provider_events = Counter(
+            "postlane_provider_events_total",
+            "Provider events (webhooks) attached to a delivery, once each, by kind, per lane.",
+            ["lane", "kind"], registry=self.registry)
+        # Every series exists from the start at 0, so that the first bounce is an increase.
+        for lane in lanes:
+            for kind in PROVIDER_EVENT_KINDS:
+                self.provider_events.labels(lane, kind)
+
+    def observe_provider_events(self, recorded: Iterable[tuple[str, str]]) -> None:
+        """Count events the webhook intake attached to a delivery: (lane, kind) each."""
+        for lane, kind in recorded:
+            self.provider_events.labels(lane, kind).inc()
 
     async def render(self) -> bytes:
         """The exposition text for one scrape (one reading of the store, or a recent one)."""
@@ -208,6 +232,20 @@ def store_metrics(status: FleetStatus) -> Iterator[Metric]:
     for reason in sorted({*map(str, DeadReason), *stats.dead_letters}):
         dead.add_metric([reason], stats.dead_letters.get(reason, 0))
     yield dead
+
+    causes = GaugeMetricFamily("postlane_dead_letters_open_by_cause",
+                               "Open dead letters by cause (what to fix; see "
+                               "postlane.core.causes).", labels=["cause"])
+    for cause in sorted({*map(str, DeadCause), *stats.dead_letter_causes}):
+        causes.add_metric([cause], stats.dead_letter_causes.get(cause, 0))
+    yield causes
+
+    enqueued = CounterMetricFamily("postlane_enqueued",
+                                   "Deliveries ever enqueued (kept + pruned), per lane: its "
+                                   "rate is the arrival rate.", labels=["lane"])
+    for lane_name, count in sorted(stats.arrivals.items()):
+        enqueued.add_metric([lane_name], count)
+    yield enqueued
 
     paused = GaugeMetricFamily("postlane_lane_paused",
                                "1 while an operator pause stops claims of the lane.",
@@ -259,9 +297,14 @@ class WorkerMetrics:
                              "account: a worker with a fallback has several).",
                              ["lane", "outcome", "provider"], registry=self.registry)
         self.dead = Counter("postlane_dead_letter_arrivals_total",
-                            "Deliveries dead-lettered by this worker, by reason, per lane and "
-                            "provider of the last attempt ('' when none was made).",
-                            ["lane", "reason", "provider"], registry=self.registry)
+                            "Deliveries dead-lettered by this worker, by reason and cause, "
+                            "per lane and provider of the last attempt ('' when none was "
+                            "made).", ["lane", "reason", "cause", "provider"],
+                            registry=self.registry)
+        self.claim_age = Histogram("postlane_claim_age_seconds",
+                                   "How long a delivery was ready (due) before a worker "
+                                   "claimed it, per lane.", ["lane"],
+                                   buckets=CLAIM_AGE_BUCKETS, registry=self.registry)
         self.send_seconds = Histogram("postlane_send_duration_seconds",
                                       "Duration of the provider call, per lane.", ["lane"],
                                       buckets=SEND_DURATION_BUCKETS, registry=self.registry)
@@ -276,11 +319,21 @@ class WorkerMetrics:
             for provider in providers:
                 for outcome in self.OUTCOMES:
                     self.sends.labels(lane, outcome, provider)
-                for reason in DeadReason:
-                    self.dead.labels(lane, str(reason), provider)
+                for reason, reason_causes in CAUSES_BY_REASON.items():
+                    for cause in reason_causes:
+                        self.dead.labels(lane, str(reason), str(cause), provider)
             self.send_seconds.labels(lane)
             self.latency.labels(lane)
+            self.claim_age.labels(lane)
         worker.observers.append(self.observe)
+        worker.claim_observers.append(self.observe_claims)
+
+    def observe_claims(self, lane: str, batch: Sequence[Delivery]) -> None:
+        """A ``Worker`` claim observer: how long each claimed delivery had been due."""
+        now = datetime.now(UTC)
+        for delivery in batch:
+            waited = (now - delivery.run_at).total_seconds()
+            self.claim_age.labels(lane).observe(max(0.0, waited))
 
     def observe(self, delivery: Delivery, decision: Decision) -> None:
         """A ``Worker`` observer: called with every decided outcome; never blocks."""
@@ -294,7 +347,10 @@ class WorkerMetrics:
                 self.send_seconds.labels(lane).observe(duration_ms / 1000.0)
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
-            self.dead.labels(lane, str(reason), provider).inc()
+            named = decision.detail.get("cause")
+            cause = cause_of(reason, decision.detail.get("response"),
+                             named if isinstance(named, str) else None)
+            self.dead.labels(lane, str(reason), str(cause), provider).inc()
         elif decision.state is State.SENT:
             waited = (datetime.now(UTC) - delivery.created_at).total_seconds()
             self.latency.labels(lane).observe(max(0.0, waited))
@@ -322,6 +378,9 @@ class _WorkerCounters(Collector):
         ("postlane_worker_lease_lost", "lease_lost",
          "Outcomes dropped because the lease had been taken over."),
         ("postlane_worker_claimed", "claimed", "Deliveries claimed."),
+        ("postlane_limiter_errors", "limiter_errors",
+         "Rate-limiter calls that failed (Redis down or unreachable): nothing is sent "
+         "while they fail."),
     )
 
     def __init__(self, worker: Worker) -> None:

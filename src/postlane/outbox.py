@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from postlane import tracing
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.validation import Limits, validate
 from postlane.store.connections import async_writer, sync_writer
@@ -34,7 +35,9 @@ def enqueue(conn: Any, message: Message, *, limits: Limits = DEFAULT_LIMITS) -> 
     ``KeyConflict`` (see ``postlane.core.producers``).
     """
     validate(message, limits)
-    return sync_writer(conn).insert_one(message)
+    result = sync_writer(conn).insert_one(message)
+    tracing.enqueued([message], [result])
+    return result
 
 
 def enqueue_many(
@@ -43,7 +46,9 @@ def enqueue_many(
     """The bulk form of ``enqueue``; every message is validated first."""
     for message in messages:
         validate(message, limits)
-    return sync_writer(conn).insert_many(messages)
+    results = sync_writer(conn).insert_many(messages)
+    tracing.enqueued(messages, results)
+    return results
 
 
 async def enqueue_async(
@@ -53,7 +58,9 @@ async def enqueue_async(
     ``AsyncConnection``, an asyncpg connection, or SQLAlchemy's ``AsyncConnection`` /
     ``AsyncSession`` over either."""
     validate(message, limits)
-    return await (await async_writer(conn)).insert_one(message)
+    result = await (await async_writer(conn)).insert_one(message)
+    tracing.enqueued([message], [result])
+    return result
 
 
 async def enqueue_many_async(
@@ -61,4 +68,6 @@ async def enqueue_many_async(
 ) -> list[EnqueueResult]:
     for message in messages:
         validate(message, limits)
-    return await (await async_writer(conn)).insert_many(messages)
+    results = await (await async_writer(conn)).insert_many(messages)
+    tracing.enqueued(messages, results)
+    return results

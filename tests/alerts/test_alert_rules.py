@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
-from postlane.metrics import WorkerMetrics, store_metrics
+from postlane.metrics import FleetSampler, StoreCollector, WorkerMetrics, store_metrics
 from postlane.providers.testing import RecordingProvider
 from postlane.status import FleetStatus
 from postlane.store import open_store
@@ -82,14 +83,19 @@ def exported_names() -> set[str]:
     their sample suffixes)."""
     status = FleetStatus(
         Stats(lanes={"interactive": LaneStats(1, 2.0)}, states={"pending": 1},
-              attempts={"1": 1}, dead_letters={}),
+              attempts={"1": 1}, dead_letters={}, arrivals={"interactive": 1}),
         {"breaker:sandbox": Control("breaker:sandbox", {"state": "open"}, 1, datetime.now(UTC))},
         0.0, 0.0)
-    names = {sample.name for family in store_metrics(status) for sample in family.samples}
-    worker = Worker(open_store("sqlite:///unused.db"), RecordingProvider())
-    text = WorkerMetrics(worker).render().decode()
-    names |= {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-              if line and not line.startswith("#")}
+    store = open_store("sqlite:///unused.db")
+    collector = StoreCollector(FleetSampler(store), lanes=["interactive"])
+    collector._status = status  # what render() reads before a scrape
+    worker = Worker(store, RecordingProvider())
+    names: set[str] = set()
+    for text in (generate_latest(collector.registry).decode(),
+                 WorkerMetrics(worker).render().decode()):
+        names |= {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+                  if line and not line.startswith("#")}
+    assert {s.name for f in store_metrics(status) for s in f.samples} <= names
     return names
 
 

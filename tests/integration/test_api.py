@@ -169,6 +169,10 @@ ROUTES = [
     ("POST", "/v1/messages", "send"),
     ("GET", "/v1/messages/1", "read"),
     ("GET", "/v1/messages?key=x", "read"),
+    ("POST", "/v1/messages/1/cancel", "operate"),
+    ("POST", "/v1/messages/1/resolve", "operate"),
+    ("POST", "/v1/messages/cancel", "operate"),
+    ("POST", "/v1/messages/resolve", "operate"),
     ("GET", "/v1/dead-letters", "read"),
     ("GET", "/v1/dead-letters/1", "read"),
     ("GET", "/v1/status", "read"),
@@ -234,7 +238,7 @@ async def test_a_message_with_its_timeline_and_search(api: Api) -> None:
     for query in ("key=receipt:9", "recipient=bob@example.com"):
         found = await api.client.get(f"/v1/messages?{query}", headers=api.auth("read"))
         assert [m["id"] for m in found.json()["messages"]] == [created["id"]]
-    problem(await api.client.get("/v1/messages", headers=api.auth("read")), 422)
+    problem(await api.client.get("/v1/messages?state=stuck", headers=api.auth("read")), 422)
     problem(await api.client.get("/v1/messages/999999", headers=api.auth("read")), 404)
     problem(await api.client.get("/v1/messages/0", headers=api.auth("read")), 422)
 
@@ -362,7 +366,11 @@ async def test_metrics_from_the_store_at_scrape_time(api: Api) -> None:
                  'postlane_deliveries{state="pending"} 1.0',
                  'postlane_dead_letters_open{reason="permanent"} 0.0',
                  'postlane_lane_paused{lane="interactive"} 1.0',
-                 'postlane_lane_paused{lane="bulk"} 0.0'):
+                 'postlane_lane_paused{lane="bulk"} 0.0',
+                 'postlane_enqueued_total{lane="bulk"} 1.0',
+                 'postlane_enqueued_total{lane="interactive"} 0.0',
+                 'postlane_dead_letters_open_by_cause{cause="unknown_template"} 0.0',
+                 'postlane_provider_events_total{kind="bounced",lane="bulk"} 0.0'):
         assert line in text, line
     assert 'postlane_queue_oldest_age_seconds{lane="bulk"}' in text
     assert "postlane_status_query_seconds " in text
@@ -376,14 +384,18 @@ async def test_worker_metrics_count_outcomes_dead_letters_and_latency(store: Sto
     worker = Worker(store, provider, config=fast_config(drain=True))
     metrics = WorkerMetrics(worker)
     before = metrics.render().decode()
-    assert ('postlane_dead_letter_arrivals_total{lane="bulk",provider="recording",'
-            'reason="permanent"} 0.0') in before
+    assert ('postlane_dead_letter_arrivals_total{cause="rejected_recipient",lane="bulk",'
+            'provider="recording",reason="permanent"} 0.0') in before
     await worker.run()
     text = metrics.render().decode()
     for line in ('postlane_sends_total{lane="bulk",outcome="accepted",provider="recording"} 2.0',
                  'postlane_sends_total{lane="bulk",outcome="permanent",provider="recording"} 1.0',
-                 'postlane_dead_letter_arrivals_total{lane="bulk",provider="recording",'
-                 'reason="permanent"} 1.0',
+                 'postlane_dead_letter_arrivals_total{cause="rejected_recipient",lane="bulk",'
+                 'provider="recording",reason="permanent"} 1.0',
+                 'postlane_dead_letter_arrivals_total{cause="unknown_template",lane="bulk",'
+                 'provider="recording",reason="permanent"} 0.0',
+                 'postlane_claim_age_seconds_count{lane="bulk"} 3.0',
+                 "postlane_limiter_errors_total 0.0",
                  'postlane_send_duration_seconds_count{lane="bulk"} 3.0',
                  'postlane_enqueue_to_send_seconds_count{lane="bulk"} 2.0',
                  "postlane_limiter_waits_total 0.0",

@@ -62,3 +62,30 @@ async def test_a_good_webhook_is_recorded_once(api: Api) -> None:
     again = await api.client.post("/v1/webhooks/sandbox", content=body, headers=headers)
     assert first.status_code == 200 and again.status_code == 200, first.text
     assert "duplicate" in again.text
+
+
+async def test_bounces_and_complaints_are_counted_per_lane_once_each(api: Api) -> None:
+    from datetime import timedelta
+
+    from postlane import Message, State
+    from postlane.store.base import Transition
+
+    for key, pmid in (("b:1", "sbx-b1"), ("b:2", "sbx-b2")):
+        await api.store.enqueue(Message(key=key, to=f"{key[2]}@example.com", text="t",
+                                        lane="bulk"))
+        (held,) = await api.store.claim_batch("bulk", 1, "w", timedelta(seconds=30))
+        await api.store.set_state_if_sending_many("w", [Transition(
+            held.id, held.claims, State.SENT, "sent", provider_message_id=pmid)])
+    for kind, pmid, event_id in (("email.bounced", "sbx-b1", "e1"),
+                                 ("email.bounced", "sbx-b1", "e1"),  # a repeat: once
+                                 ("email.complained", "sbx-b2", "e2"),
+                                 ("email.bounced", "sbx-unknown", "e3")):  # no delivery
+        headers, body = webhook_request(SECRET, kind, pmid, "x@example.com",
+                                        event_id=event_id)
+        answer = await api.client.post("/v1/webhooks/sandbox", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+    text = (await api.client.get("/metrics")).text
+    for line in ('postlane_provider_events_total{kind="bounced",lane="bulk"} 1.0',
+                 'postlane_provider_events_total{kind="complained",lane="bulk"} 1.0',
+                 'postlane_provider_events_total{kind="bounced",lane="interactive"} 0.0'):
+        assert line in text, line

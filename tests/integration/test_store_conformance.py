@@ -31,7 +31,7 @@ from postlane import (
 )
 from postlane.core.message import Delivery
 from postlane.store import Claim, Store, Transition
-from postlane.store.base import MAX_RESPONSE_CHARS
+from postlane.store.base import MAX_RESPONSE_CHARS, DeadLetterFilter
 
 LEASE = timedelta(seconds=30)
 ALL_STATES = {str(s) for s in State}
@@ -840,6 +840,8 @@ async def test_stats_empty(store: Store) -> None:
         "states": dict.fromkeys(sorted(ALL_STATES), 0),
         "attempts": {},
         "dead_letters": {},
+        "dead_letter_causes": {},
+        "arrivals": {"bulk": 0, "interactive": 0},
     }
 
 
@@ -856,7 +858,8 @@ async def test_stats_shape_and_numbers(store: Store, side: SideDB) -> None:
     stats = await store.stats()
     data = stats.as_json()
     json.dumps(data)
-    assert set(data) == {"lanes", "states", "attempts", "dead_letters"}
+    assert set(data) == {"lanes", "states", "attempts", "dead_letters", "dead_letter_causes",
+                         "arrivals"}
     assert set(data["lanes"]) == {"interactive", "bulk"}
     assert data["lanes"]["interactive"]["depth"] == 2  # a (pending) and d (sending)
     assert 119 < data["lanes"]["interactive"]["oldest_age_s"] < 200
@@ -866,6 +869,8 @@ async def test_stats_shape_and_numbers(store: Store, side: SideDB) -> None:
                               "sent": 1, "dead": 1, "cancelled": 1}
     assert data["attempts"] == {"1": 3, "2": 1}
     assert data["dead_letters"] == {"budget_exhausted": 1}
+    assert data["dead_letter_causes"] == {"budget_exhausted": 1}
+    assert data["arrivals"] == {"interactive": 4, "bulk": 3}
     assert isinstance(data["lanes"]["bulk"]["depth"], int)
     assert isinstance(data["lanes"]["bulk"]["oldest_age_s"], float)
     assert all(isinstance(v, int) for v in data["states"].values())
@@ -938,6 +943,8 @@ async def test_prune(store: Store, side: SideDB) -> None:
     n = await store.prune(finished_before=timedelta(hours=1), dead_before=timedelta(hours=1))
     assert n == 1
     assert await store.get(ids["old-dead"]) is None
+    # Arrivals per lane are a counter: retention does not turn it back.
+    assert (await store.stats()).arrivals["interactive"] == len(keys)
     assert await store.dead_letter(ids["old-dead"]) is None
     assert side.count("postlane_dead_letters") == 0
     assert side.count("postlane_events", "delivery_id = ?", (ids["old-dead"],)) == 0
@@ -1129,3 +1136,29 @@ async def test_a_canary_is_settled_once_and_releases_only_held_deliveries(
     later = await store.get(other.id)
     assert later is not None and later.run_at > side.now() + timedelta(minutes=4)
     assert await store.release_import_hold("imp") == 0
+
+
+# ======================================================================================
+# dead-letter causes (migration 0012)
+# ======================================================================================
+async def test_a_dead_letter_keeps_its_cause(store: Store) -> None:
+    await store.enqueue_many([msg(k) for k in ("tpl", "addr", "bug", "late")])
+    held = {d.key: d for d in await store.claim_batch("interactive", 4, "w1", LEASE)}
+    await store.set_state_if_sending_many("w1", [
+        dead(held["tpl"], error='404 {"error": "unknown template welcome"}',
+             detail={"outcome": "permanent", "cause": "unknown_template"}),
+        dead(held["addr"], error="rcpt: 550 5.1.1 user unknown",
+             detail={"outcome": "permanent"}),  # no cause named: classified from the answer
+        dead(held["bug"], reason=DeadReason.HANDLER_ERROR),
+        Transition(held["late"].id, held["late"].claims, State.EXPIRED, "expired",
+                   dead_reason=DeadReason.EXPIRED)])
+    causes = {e.snapshot["idempotency_key"]: e.cause
+              for e in await store.list_dead_letters()}
+    assert causes == {"tpl": "unknown_template", "addr": "rejected_recipient",
+                      "bug": "handler_error", "late": "expired"}
+    picked = await store.list_dead_letters(DeadLetterFilter(cause="rejected_recipient"))
+    assert [e.delivery_id for e in picked] == [held["addr"].id]
+    stats = await store.stats()
+    assert stats.dead_letter_causes == {"unknown_template": 1, "rejected_recipient": 1,
+                                        "handler_error": 1, "expired": 1}
+    assert stats.dead_letters == {"permanent": 2, "handler_error": 1, "expired": 1}

@@ -4,6 +4,7 @@ nothing is lost, and sending resumes by itself once the part is back."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -61,6 +62,7 @@ async def test_limiter_outage_sends_nothing_then_everything(store: Store) -> Non
     await wait_for(failed_a_few_times)
     assert provider.sends == []  # fails closed: no slot, no send
     assert not task.done()  # and the worker is still alive
+    assert worker.counters["limiter_errors"] >= 5  # postlane_limiter_errors_total
     limiter.down = False
 
     async def all_sent() -> bool:
@@ -131,3 +133,36 @@ async def test_database_errors_are_ridden_out(store: Store, failing: set[str]) -
     for i in range(20):
         delivery = await store.get(f"d{i}")
         assert delivery is not None and delivery.state is State.SENT
+
+
+async def test_a_redis_that_is_down_counts_as_limiter_errors(store: Store) -> None:
+    """A real Redis client pointed at a port nobody listens on: every failed call is counted
+    in ``postlane_limiter_errors_total``, nothing is sent, nothing is spent."""
+    from postlane.limiter.redis import RedisLimiter
+    from postlane.metrics import WorkerMetrics
+
+    with socket.socket() as probe:  # a free port, closed again: connection refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    limiter = RedisLimiter.from_url(f"redis://127.0.0.1:{port}/0", rate=100.0)
+    await store.enqueue(Message(key="k", to="u@example.com", text="t"))
+    provider = RecordingProvider()
+    worker = Worker(store, provider, limiter=limiter, config=fast_config())
+    metrics = WorkerMetrics(worker)
+    assert "postlane_limiter_errors_total 0.0" in metrics.render().decode()
+    task = asyncio.create_task(worker.run())
+
+    async def failed_twice() -> bool:
+        return worker.counters["limiter_errors"] >= 2
+
+    await wait_for(failed_twice)
+    worker.stop()
+    await task
+    await limiter.close()
+    text = metrics.render().decode()
+    counted = next(line for line in text.splitlines()
+                   if line.startswith("postlane_limiter_errors_total "))
+    assert float(counted.split()[1]) >= 2
+    assert provider.sends == []
+    delivery = await store.get("k")
+    assert delivery is not None and delivery.state is State.PENDING and delivery.attempts == 0

@@ -13,9 +13,14 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, 
 
 from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery, Message
-from postlane.core.records import DeadLetter, Event, FallbackPair
+from postlane.core.records import FILTER_STATES, DeadLetter, DeliveryFilter, Event, FallbackPair
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
+from postlane.operations import BulkResult, Resolution
+
+FILTER_STATES_LITERAL = tuple(FILTER_STATES)
+STATE_HELP = ("A delivery state, or `retrying` (pending after a spent attempt; `pending` is "
+              "then a first try still waiting), or `queued` (both).")
 
 MAX_SECONDS = 10 * 365 * 86400.0
 """Longest duration accepted anywhere (ten years): beyond it a date no longer fits."""
@@ -265,12 +270,96 @@ class MessageDetail(BaseModel):
 
 class MessageList(BaseModel):
     messages: list[MessageOut] = Field(description="Newest first.")
+    next_cursor: str | None = Field(
+        default=None, description="Pass as `cursor` for the next page (older messages); "
+                                  "null on the last page.")
+
+
+# -- acting on messages ------------------------------------------------------------------
+StateName = Literal[FILTER_STATES_LITERAL]  # type: ignore[valid-type]
+
+
+class CancelIn(Strict):
+    reason: Text = Field(default="", max_length=1000,
+                         description="Why, for the timeline (who is recorded anyway).")
+
+
+class ResolveIn(Strict):
+    resolution: Resolution = Field(description="`sent`: the provider has it (you checked); "
+                                               "`resend`: send it again with the same key "
+                                               "(a duplicate is possible); `dead`: give up "
+                                               "(dead letter `ambiguous_unresolved`).")
+    note: Text = Field(default="", max_length=1000, description="For the timeline.")
+    provider_message_id: Text | None = Field(
+        default=None, max_length=500, description="With `sent`: the provider's id, if known.")
+
+
+class ActedOut(BaseModel):
+    id: int
+    state: str = Field(description="The delivery's state now.")
+
+
+class FilterIn(Strict):
+    """A selection of messages, as `GET /v1/messages` takes it."""
+
+    state: StateName | None = Field(default=None, description=STATE_HELP)
+    lane: Text | None = Field(default=None, min_length=1, max_length=100)
+    key: Text | None = Field(default=None, min_length=1, max_length=255)
+    recipient: Text | None = Field(default=None, min_length=1, max_length=320)
+    import_id: Text | None = Field(default=None, min_length=1, max_length=200)
+    template_id: Text | None = Field(default=None, min_length=1, max_length=200)
+
+    def selection(self) -> DeliveryFilter:
+        return DeliveryFilter(state=self.state, lane=self.lane, key=self.key,
+                              recipient=self.recipient, import_id=self.import_id,
+                              template_id=self.template_id)
+
+
+class BulkIn(FilterIn):
+    dry_run: bool = Field(default=False, strict=True,
+                          description="Count the selection; change nothing.")
+    expected: int | None = Field(
+        default=None, ge=0, strict=True,
+        description="The dry run's `matched`: required to act; refused (409) if the "
+                    "selection has grown past it.")
+    upto_id: int | None = Field(
+        default=None, ge=0, strict=True,
+        description="The dry run's `upto_id`: required to act; nothing newer than it is "
+                    "touched.")
+
+
+class BulkCancelIn(BulkIn):
+    reason: Text = Field(default="", max_length=1000, description="Why, for the timeline.")
+
+
+class BulkResolveIn(BulkIn):
+    resolution: Resolution
+    note: Text = Field(default="", max_length=1000, description="For the timeline.")
+
+
+class BulkOut(BaseModel):
+    selection: dict[str, str] = Field(description="The selection acted on (its state "
+                                                  "narrowed to what the action applies to).")
+    matched: int = Field(description="Messages in the selection when it was counted.")
+    upto_id: int = Field(description="The highest id counted; 0 when none matched.")
+    acted: int = Field(description="Cancelled or resolved now (0 on a dry run); fewer than "
+                                   "`matched` when some left the selection meanwhile.")
+    dry_run: bool
+
+    @classmethod
+    def of(cls, result: BulkResult) -> BulkOut:
+        return cls(selection=result.selection.as_dict(), matched=result.matched,
+                   upto_id=result.upto_id, acted=result.acted, dry_run=result.dry_run)
 
 
 # -- dead letters ------------------------------------------------------------------------
 class DeadLetterOut(BaseModel):
     delivery_id: int
     reason: str
+    cause: str | None = Field(default=None, description=(
+        "What to fix, and so whom to wake: `unknown_template`, `account_or_configuration`, "
+        "`handler_error`, `ambiguous_unresolved` (page); `rejected_recipient`, "
+        "`rejected_content`, `rejected_other`, `budget_exhausted`, `expired` (ticket)."))
     key: str | None
     lane: str | None
     to: str | None
@@ -288,7 +377,8 @@ class DeadLetterOut(BaseModel):
     def of(cls, e: DeadLetter) -> DeadLetterOut:
         s = e.snapshot
         return cls(
-            delivery_id=e.delivery_id, reason=e.reason, key=_opt_str(s.get("idempotency_key")),
+            delivery_id=e.delivery_id, reason=e.reason, cause=e.cause,
+            key=_opt_str(s.get("idempotency_key")),
             lane=_opt_str(s.get("lane")), to=_opt_str(s.get("recipient")),
             template_id=_opt_str(s.get("template_id")), import_id=_opt_str(s.get("import_id")),
             dead_at=e.dead_at, last_response=e.last_response, replay_count=e.replay_count,
@@ -334,6 +424,7 @@ class SelectionIn(Strict):
     """A triage selection: the entries of the dead-letter list with these filters."""
 
     reason: Text | None = None
+    cause: Text | None = None
     lane: Text | None = None
     template_id: Text | None = None
     import_id: Text | None = None
@@ -389,6 +480,11 @@ class StatusOut(BaseModel):
     states: dict[str, int]
     attempts: dict[str, int] = Field(description="Active deliveries by the attempt they are on.")
     dead_letters: dict[str, int] = Field(description="Open dead letters by reason.")
+    dead_letter_causes: dict[str, int] = Field(
+        default_factory=dict, description="Open dead letters by cause (what to fix: "
+                                          "`unknown_template`, `rejected_recipient`, ...).")
+    arrivals: dict[str, int] = Field(
+        default_factory=dict, description="Messages ever queued, per lane (kept + pruned).")
     paused_lanes: list[str]
     paused_imports: list[str]
     breakers: dict[str, dict[str, Any]]
@@ -419,6 +515,6 @@ def _opt_str(value: object) -> str | None:
 
 
 def selection_kwargs(selection: SelectionIn) -> dict[str, Any]:
-    return {"reason": selection.reason, "lane": selection.lane,
+    return {"reason": selection.reason, "cause": selection.cause, "lane": selection.lane,
             "template_id": selection.template_id, "import_id": selection.import_id,
             "since": selection.since, "until": selection.until}

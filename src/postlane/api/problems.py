@@ -51,6 +51,10 @@ class Problem(BaseModel):
     field: str | None = Field(default=None, description="The message field at fault, when one is.")
     errors: list[FieldError] | None = Field(
         default=None, description="Every invalid part of the request, for validation errors.")
+    preview: dict[str, Any] | None = Field(
+        default=None, description="A bulk action refused for want of confirmation: the "
+                                  "selection as counted now (`matched`, `upto_id`); confirm "
+                                  "with those as `expected` and `upto_id`.")
 
 
 class ProblemError(Exception):
@@ -58,8 +62,10 @@ class ProblemError(Exception):
 
     def __init__(self, status: int, name: str, title: str, detail: str, *,
                  field: str | None = None, errors: Sequence[FieldError] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
+        self.extra = extra
         self.status = status
         self.name = name
         self.title = title
@@ -71,8 +77,10 @@ class ProblemError(Exception):
 
 def problem_response(status: int, type_: str, title: str, detail: str, *,
                      field: str | None = None, errors: Sequence[FieldError] | None = None,
-                     headers: dict[str, str] | None = None) -> JSONResponse:
+                     headers: dict[str, str] | None = None,
+                     extra: dict[str, Any] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"type": type_, "title": title, "status": status, "detail": detail}
+    body.update(extra or {})
     if field is not None:
         body["field"] = field
     if errors is not None:
@@ -188,7 +196,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
         return problem_response(exc.status, TYPE_BASE + exc.name, exc.title, exc.detail,
-                                field=exc.field, errors=exc.errors, headers=exc.headers)
+                                field=exc.field, errors=exc.errors, headers=exc.headers,
+                                extra=exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,21 +1,31 @@
 """``/v1``: messages, dead letters, lanes, status, webhooks.
 
-Each route is a few lines over a core function (``submit``, ``replay_one``,
-``replay_selection``, ``pause_lane``, ``fleet_status``, ``webhooks.receive``); the rules
+Each route is a few lines over a core function (``submit``, ``operations.cancel``,
+``operations.resolve`` and their ``_matching`` forms, ``replay_one``, ``replay_selection``,
+``pause_lane``, ``fleet_status``, ``webhooks.receive``); the rules
 live there, so the API, the dashboard and the CLI cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Response
 
+from postlane import operations
+from postlane.api.cursors import decode_cursor, encode_cursor
 from postlane.api.downloads import attachment_response, stored_part
 from postlane.api.models import (
+    STATE_HELP,
+    ActedOut,
     AttachmentOut,
+    BulkCancelIn,
+    BulkOut,
+    BulkResolveIn,
+    CancelIn,
     DeadLetterDetail,
     DeadLetterList,
     DeadLetterOut,
@@ -23,6 +33,7 @@ from postlane.api.models import (
     DiscardOut,
     EventOut,
     FallbackOut,
+    FilterIn,
     IsoTime,
     LaneControlOut,
     MessageAccepted,
@@ -34,6 +45,8 @@ from postlane.api.models import (
     ReplayOneOut,
     ReplayPlanOut,
     ReplaySelectionIn,
+    ResolveIn,
+    StateName,
     StatusOut,
     Text,
     WebhookOut,
@@ -46,6 +59,7 @@ from postlane.core.records import ApiKey, DeadLetterFilter
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import KeyConflict
 from postlane.metrics import fleet_status
+from postlane.operations import BulkResult, ConfirmationRequired, OperationRefused
 from postlane.store.base import Store
 from postlane.worker.controls import pause_lane, resume_lane
 
@@ -153,22 +167,106 @@ async def get_attachment(delivery_id: DeliveryId, position: int, store: StoreDep
 
 
 @router.get("/messages", response_model=MessageList, tags=["messages"],
-            summary="Find messages by key, recipient or import", responses=READ_ERRORS)
-async def find_messages(
+            summary="List messages: by state, lane, key, recipient, import, template",
+            responses=READ_ERRORS)
+async def list_messages(
     store: StoreDep, _key: Reader,
+    state: Annotated[StateName | None, Query(description=STATE_HELP)] = None,
+    lane: Annotated[Text | None, Query(min_length=1, max_length=100)] = None,
     key: Annotated[Text | None, Query(min_length=1, max_length=255,
                                       description="Idempotency key.")] = None,
     recipient: Annotated[Text | None, Query(min_length=1, max_length=320)] = None,
     import_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    template_id: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
+    cursor: Annotated[str | None, Query(max_length=200, description=(
+        "`next_cursor` of the previous page."))] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> MessageList:
-    """At least one of `key`, `recipient`, `import_id` (422 otherwise). Scope: `read`."""
-    if key is None and recipient is None and import_id is None:
-        raise ProblemError(422, "invalid-request", "Invalid request",
-                           "give key, recipient or import_id to search by")
-    found = await store.find_deliveries(key=key, recipient=recipient, import_id=import_id,
-                                        limit=limit)
-    return MessageList(messages=[MessageOut.of(d) for d in found])
+    """Newest first, a page at a time (keyset pagination: a page costs the same at any
+    depth, and messages queued meanwhile never shift it). Every filter narrows; none lists
+    every message kept. Scope: `read`."""
+    selection = FilterIn(state=state, lane=lane, key=key, recipient=recipient,
+                         import_id=import_id, template_id=template_id).selection()
+    page = await store.list_deliveries(selection, before=decode_cursor(cursor),
+                                       limit=limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return MessageList(messages=[MessageOut.of(d) for d in page],
+                       next_cursor=encode_cursor(page[-1].id) if more else None)
+
+
+@router.post("/messages/{delivery_id:int}/cancel", response_model=ActedOut,
+             tags=["messages"], summary="Cancel one queued message",
+             responses=OPERATE_ERRORS)
+async def cancel_message(delivery_id: DeliveryId, store: StoreDep, key: Operator,
+                         body: Annotated[CancelIn | None, Body()] = None) -> ActedOut:
+    """A pending (or ambiguous) message is withdrawn; nothing is sent. Refused (409) once it
+    is being sent or settled. Scope: `operate`."""
+    body = body or CancelIn()
+    try:
+        await operations.cancel(store, delivery_id, by=actor(key), reason=body.reason)
+    except OperationRefused as exc:
+        raise await _refused(store, delivery_id, exc) from None
+    return ActedOut(id=delivery_id, state="cancelled")
+
+
+@router.post("/messages/{delivery_id:int}/resolve", response_model=ActedOut,
+             tags=["messages"], summary="Settle one ambiguous message",
+             responses=OPERATE_ERRORS)
+async def resolve_message(delivery_id: DeliveryId, body: ResolveIn, store: StoreDep,
+                          key: Operator) -> ActedOut:
+    """For a message the provider may have accepted, held for an operator: mark it sent,
+    send it again with the same key, or dead-letter it. Refused (409) unless it is still
+    ambiguous. Scope: `operate`."""
+    try:
+        await operations.resolve(store, delivery_id, body.resolution, by=actor(key),
+                                 note=body.note,
+                                 provider_message_id=body.provider_message_id)
+    except OperationRefused as exc:
+        raise await _refused(store, delivery_id, exc) from None
+    delivery = await store.get(delivery_id)
+    return ActedOut(id=delivery_id, state=str(delivery.state) if delivery else "unknown")
+
+
+@router.post("/messages/cancel", response_model=BulkOut, tags=["messages"],
+             summary="Cancel the queued messages of a selection (dry run, then confirm)",
+             responses=OPERATE_ERRORS)
+async def cancel_messages(body: BulkCancelIn, store: StoreDep, key: Operator) -> BulkOut:
+    """Two calls: `{"dry_run": true, ...filters}` counts the selection and answers
+    `matched` and `upto_id`; the same filters with `"expected": matched, "upto_id":
+    upto_id` cancel them. Only messages up to `upto_id` are touched; refused (409, with the
+    new count in `preview`) if the selection grew past `expected`. State: `queued`
+    (default), `pending` or `retrying`. Scope: `operate`."""
+    return await _bulk(operations.cancel_matching(
+        store, body.selection(), by=actor(key), reason=body.reason, expected=body.expected,
+        upto_id=body.upto_id, dry_run=body.dry_run))
+
+
+@router.post("/messages/resolve", response_model=BulkOut, tags=["messages"],
+             summary="Settle the ambiguous messages of a selection (dry run, then confirm)",
+             responses=OPERATE_ERRORS)
+async def resolve_messages(body: BulkResolveIn, store: StoreDep, key: Operator) -> BulkOut:
+    """As `POST /v1/messages/cancel`, for messages in state `ambiguous` (the default), all
+    settled alike (`sent`, `resend` or `dead`). Scope: `operate`."""
+    return await _bulk(operations.resolve_matching(
+        store, body.selection(), body.resolution, by=actor(key), note=body.note,
+        expected=body.expected, upto_id=body.upto_id, dry_run=body.dry_run))
+
+
+async def _bulk(action: Awaitable[BulkResult]) -> BulkOut:
+    try:
+        return BulkOut.of(await action)
+    except ConfirmationRequired as exc:
+        raise ProblemError(409, "confirmation-required", "Confirmation required", str(exc),
+                           extra={"preview": BulkOut.of(exc.preview).model_dump()}) from None
+    except OperationRefused as exc:
+        raise ProblemError(409, "not-applicable", "Not applicable", str(exc)) from None
+
+
+async def _refused(store: Store, delivery_id: int, exc: OperationRefused) -> ProblemError:
+    if await store.get(delivery_id) is None:
+        return not_found(f"no message with id {delivery_id}")
+    return ProblemError(409, "not-applicable", "Not applicable", str(exc))
 
 
 # -- dead letters ------------------------------------------------------------------------
@@ -179,6 +277,10 @@ async def list_dead_letters(
     store: StoreDep, _key: Reader,
     reason: Annotated[Text | None, Query(max_length=100, description=(
         "permanent, budget_exhausted, expired, handler_error, ambiguous_unresolved"))] = None,
+    cause: Annotated[Text | None, Query(max_length=100, description=(
+        "unknown_template, account_or_configuration, handler_error, ambiguous_unresolved, "
+        "rejected_recipient, rejected_content, rejected_other, budget_exhausted, "
+        "expired"))] = None,
     lane: Annotated[Text | None, Query(max_length=100)] = None,
     template_id: Annotated[Text | None, Query(max_length=200)] = None,
     import_id: Annotated[Text | None, Query(max_length=200)] = None,
@@ -193,7 +295,7 @@ async def list_dead_letters(
 ) -> DeadLetterList:
     """Oldest first; open entries unless `include_closed`. Scope: `read`."""
     entries = await store.list_dead_letters(
-        DeadLetterFilter(reason=reason, lane=lane, template_id=template_id,
+        DeadLetterFilter(reason=reason, cause=cause, lane=lane, template_id=template_id,
                          import_id=import_id, since=since, until=until, replayed=replayed,
                          include_closed=include_closed), limit=limit)
     return DeadLetterList(dead_letters=[DeadLetterOut.of(e) for e in entries],
@@ -358,6 +460,9 @@ async def webhook(
                            f"{exc}; the notification was not processed: send it again "
                            "later", headers={"Retry-After": "60"}) from None
     response.status_code = result.status
+    collector = app_state(request).collector
+    if collector is not None:
+        collector.observe_provider_events(getattr(result, "recorded", []))
     return WebhookOut(status=result.status, detail=result.detail,
                       events=list(getattr(result, "events", [])))
 

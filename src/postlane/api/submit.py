@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from postlane import tracing
 from postlane.api.models import MessageIn
 from postlane.core.message import Delivery
 from postlane.core.producers import api_producer
@@ -49,8 +50,10 @@ async def submit(store: SubmitStore, key: str, body: MessageIn,
     """
     check_key(key)
     request_hash = body.request_hash()
-    result, stored_hash = await store.enqueue_request(body.message(key), request_hash,
+    message = body.message(key)
+    result, stored_hash = await store.enqueue_request(message, request_hash,
                                                       api_producer(client.id))
+    tracing.enqueued([message], [result])
     if not result.created and stored_hash != request_hash:
         raise IdempotencyConflict(
             f"Idempotency-Key {key!r} was already used for delivery {result.id} with a "

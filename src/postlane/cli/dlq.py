@@ -26,6 +26,9 @@ dlq = typer.Typer(help="Dead letters: list, show, replay (staged), discard.",
 
 Reason = Annotated[str | None, typer.Option(help="Only this reason (permanent, "
                                                  "budget_exhausted, expired, handler_error).")]
+Cause = Annotated[str | None, typer.Option(help="Only this cause (unknown_template, "
+                                               "account_or_configuration, handler_error, "
+                                               "rejected_recipient, rejected_content, ...).")]
 Lane = Annotated[str | None, typer.Option(help="Only this lane.")]
 Template = Annotated[str | None, typer.Option("--template", help="Only this template id.")]
 Import = Annotated[str | None, typer.Option("--import", help="Only this import id.")]
@@ -43,7 +46,7 @@ def _selection(reason: str | None, lane: str | None, template: str | None,
 
 def entry_json(entry: DeadLetter) -> dict[str, Any]:
     return {
-        "delivery_id": entry.delivery_id, "reason": entry.reason,
+        "delivery_id": entry.delivery_id, "reason": entry.reason, "cause": entry.cause,
         "key": entry.snapshot.get("idempotency_key"), "lane": entry.snapshot.get("lane"),
         "template_id": entry.snapshot.get("template_id"),
         "dead_at": entry.dead_at.isoformat(), "last_response": entry.last_response,
@@ -55,12 +58,14 @@ def entry_json(entry: DeadLetter) -> dict[str, Any]:
 @dlq.command("list")
 def list_(ctx: typer.Context, reason: Reason = None, lane: Lane = None,
           template: Template = None, import_id: Import = None, since: Since = None,
+          cause: Cause = None,
           all_: Annotated[bool, typer.Option("--all", help="Include discarded and "
                                              "replayed-and-sent entries.")] = False,
           limit: int = 100,
           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Open dead letters, oldest first, with counts per reason."""
-    selection = _selection(reason, lane, template, import_id, since, include_closed=all_)
+    selection = _selection(reason, lane, template, import_id, since, include_closed=all_,
+                           cause=cause)
 
     async def _list(store: Store) -> list[DeadLetter]:
         return await store.list_dead_letters(selection, limit=limit)
@@ -121,7 +126,8 @@ def _print_entry(entry: DeadLetter, parts: tuple[Attachment, ...] = ()) -> None:
     snap = entry.snapshot
     state = f"open ({entry.delivery_state})" if entry.discarded_at is None else "discarded"
     fields: list[tuple[str, object]] = [
-        ("reason", entry.reason), ("dead at", when(entry.dead_at)), ("entry", state),
+        ("reason", entry.reason), ("cause", entry.cause), ("dead at", when(entry.dead_at)),
+        ("entry", state),
         ("key", snap.get("idempotency_key")), ("lane", snap.get("lane")),
         ("to", redact_address(str(snap.get("recipient", "")))),
         ("subject", snap.get("subject")),

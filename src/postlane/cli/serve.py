@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
+from postlane import tracing
 from postlane.cli.durations import duration_option
 from postlane.core.lanes import parse_lane_shares
-from postlane.errors import ConfigurationError
+from postlane.errors import ConfigurationError, MissingExtra
 from postlane.extras import requires
 from postlane.logs import configure_logging, log_effective_configuration
 
@@ -58,6 +59,10 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="--log-level") from None
     log_effective_configuration(logging.getLogger("postlane.api"), "serve",
                                 {"db": ctx.obj.db, **ctx.params})
+    try:
+        tracing.enable_from_env()  # POSTLANE_TRACING=otel
+    except (ConfigurationError, MissingExtra) as exc:
+        raise typer.BadParameter(str(exc), param_hint=tracing.ENV) from None
     try:
         app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
                          sample_interval_s=sample_interval.total_seconds(),

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from postlane import tracing
 from postlane.callbacks import CallbackSender
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import (
@@ -23,7 +24,7 @@ from postlane.core.lanes import (
 )
 from postlane.core.rates import Limits, parse_limits, parse_rate
 from postlane.core.unsubscribe import UnsubscribeConfig
-from postlane.errors import ConfigurationError
+from postlane.errors import ConfigurationError, MissingExtra
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
 from postlane.logs import configure_logging, log_effective_configuration
@@ -197,6 +198,10 @@ def worker(
         raise typer.BadParameter(str(exc)) from None
     log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
                                 {"db": ctx.obj.db, **ctx.params})
+    try:
+        tracing.enable_from_env()  # POSTLANE_TRACING=otel
+    except (ConfigurationError, MissingExtra) as exc:
+        raise typer.BadParameter(str(exc), param_hint=tracing.ENV) from None
 
     async def _auto_limiter() -> RateLimiter:
         """The first read of the account's limits: a provider that cannot answer stops the

@@ -83,6 +83,10 @@ class Outcome:
     """The phase the attempt ended in; None when the adapter does not report phases. Where,
     not what: two outcomes that differ only in it are the same answer."""
 
+    cause: str | None = field(default=None, compare=False)
+    """For a permanent refusal, the adapter's own ``DeadCause`` when it knows better than
+    the classification of its response text (``postlane.core.causes``)."""
+
     def at(self, phase: Phase | None) -> Outcome:
         """This outcome, marked with ``phase`` unless the adapter already named one."""
         if self.phase is not None or phase is None:
@@ -111,8 +115,8 @@ class Outcome:
         return cls(OutcomeClass.AMBIGUOUS, response=response, phase=phase)
 
     @classmethod
-    def permanent(cls, response: str | None = None) -> Outcome:
-        return cls(OutcomeClass.PERMANENT, response=response)
+    def permanent(cls, response: str | None = None, *, cause: str | None = None) -> Outcome:
+        return cls(OutcomeClass.PERMANENT, response=response, cause=cause)
 
     @classmethod
     def account(cls, response: str | None = None,

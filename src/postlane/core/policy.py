@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from postlane.core.causes import cause_of
 from postlane.core.lanes import LaneConfig
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
@@ -136,6 +137,7 @@ def decide(
         return Decision(State.SENT, "sent", detail=detail)
 
     if kind is OutcomeClass.PERMANENT and outcome.retry_after_s is None:
+        detail["cause"] = str(cause_of(DeadReason.PERMANENT, outcome.response, outcome.cause))
         return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.PERMANENT,
                         detail=detail)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from postlane.core.causes import cause_of
 from postlane.core.message import Message
 from postlane.core.states import State
 from postlane.errors import InvalidMessage
@@ -48,6 +49,16 @@ class Transition:
     dead_reason: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
     """Goes into the event; an ``outcome`` key marks it as part of the attempt history."""
+
+    @property
+    def dead_cause(self) -> str | None:
+        """The cause its dead-letter entry keeps (``core.causes``); None unless it ends in
+        ``dead`` or ``expired``."""
+        if self.state not in (State.DEAD, State.EXPIRED):
+            return None
+        cause = self.detail.get("cause")
+        return str(cause_of(self.dead_reason or str(self.state), self.error,
+                            cause if isinstance(cause, str) else None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +120,11 @@ class Stats:
     """Active (pending or sending) deliveries by the attempt they are on: "1" is a first try."""
     dead_letters: dict[str, int]
     """Open (not replayed, not discarded) dead letters by reason."""
+    dead_letter_causes: dict[str, int] = field(default_factory=dict)
+    """The same, by cause (``core.causes``)."""
+    arrivals: dict[str, int] = field(default_factory=dict)
+    """Deliveries ever enqueued, per lane: those kept plus those retention pruned (a
+    counter: its rate is the arrival rate)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +135,8 @@ class Stats:
             "states": dict(self.states),
             "attempts": dict(self.attempts),
             "dead_letters": dict(self.dead_letters),
+            "dead_letter_causes": dict(self.dead_letter_causes),
+            "arrivals": dict(sorted(self.arrivals.items())),
         }
 
 
@@ -140,6 +158,9 @@ class DeadLetter:
     replay_count: int = 0
     delivery_state: str | None = None
     """The delivery's state now: ``dead`` (or ``expired``) while the entry is open."""
+    cause: str | None = None
+    """What an operator must fix, finely enough to route the alert (``core.causes``);
+    None for entries written before migration 0012 that it could not name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +171,45 @@ class DeadLetterFilter:
     lane: str | None = None
     template_id: str | None = None
     import_id: str | None = None
+    cause: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     replayed: bool | None = None
     """None: either; False: never replayed (what a bulk replay takes); True: replayed."""
     include_closed: bool = False
     """Also entries discarded or whose delivery is no longer dead (replayed and sent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryFilter:
+    """A selection of deliveries: what the messages browser lists and what a bulk cancel or
+    resolve acts on. Every field narrows; none given selects every delivery kept.
+
+    ``state`` is a delivery state or one of two views of ``pending``: ``retrying`` (a
+    pending delivery that has spent an attempt; ``pending`` then means a first try still
+    waiting) and ``queued`` (both: every pending delivery)."""
+
+    state: str | None = None
+    lane: str | None = None
+    key: str | None = None
+    recipient: str | None = None
+    import_id: str | None = None
+    template_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in FILTER_STATES:
+            raise ValueError(
+                f"unknown state {self.state!r}; one of: {', '.join(FILTER_STATES)}")
+
+    def as_dict(self) -> dict[str, str]:
+        """The fields that narrow, for echoing a selection back."""
+        return {name: value for name in self.__slots__
+                if (value := getattr(self, name)) is not None}
+
+
+FILTER_STATES: tuple[str, ...] = ("queued", "pending", "retrying", *(
+    str(s) for s in State if s is not State.PENDING))
+"""What ``DeliveryFilter.state`` takes: the states, pending split in two, and both."""
 
 
 # -- provider events and the suppression list ----------------------------------------------
@@ -207,6 +261,8 @@ class ProviderEventResult:
     status_changed: bool
     suppressed: str | None = None
     """The address this event put on the suppression list."""
+    lane: str | None = None
+    """The lane of the delivery it was attached to (the metrics count events per lane)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from postlane.core.causes import cause_of
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import LEGACY_API
 from postlane.core.records import (
@@ -28,6 +29,7 @@ from postlane.core.records import (
     Control,
     DeadLetter,
     DeadLetterFilter,
+    DeliveryFilter,
     Event,
     ImportCounts,
     ImportProgress,
@@ -100,6 +102,8 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "bound_response",
     "check_template_id",
     "dead_letter_conditions",
+    "dead_letter_counts",
+    "delivery_conditions",
     "enqueue_results",
     "find_conditions",
     "import_counts_from_rows",
@@ -118,7 +122,7 @@ DELIVERY_COLUMNS: tuple[str, ...] = (
 DEAD_LETTER_COLUMNS = (
     "dl.delivery_id, dl.reason, dl.snapshot, dl.last_response, dl.attempt_history, dl.dead_at, "
     "dl.replayed_at, dl.replayed_by, dl.discarded_at, dl.discard_reason, dl.replay_count, "
-    "d.state"
+    "d.state, dl.cause"
 )
 
 
@@ -131,7 +135,7 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     params: dict[str, Any] = {}
     if not selection.include_closed:
         conditions.append("dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')")
-    for name, column in (("reason", "dl.reason"), ("lane", "d.lane"),
+    for name, column in (("reason", "dl.reason"), ("cause", "dl.cause"), ("lane", "d.lane"),
                          ("template_id", "d.template_id"), ("import_id", "d.import_id")):
         value = getattr(selection, name)
         if value is not None:
@@ -162,6 +166,18 @@ def channel_stats(rows: Sequence[Sequence[Any]]) -> ChannelStats:
     pending = {str(r[1]): int(r[2]) for r in rows if r[0] == "pending"}
     fallbacks = {str(r[1]): int(r[2]) for r in rows if r[0] == "fallback"}
     return ChannelStats(pending, fallbacks)
+def dead_letter_counts(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Open dead letters by reason and by cause, from rows of (reason, cause, count); an
+    entry whose cause could not be named counts under its reason's (``core.causes``)."""
+    by_reason: dict[str, int] = {}
+    by_cause: dict[str, int] = {}
+    for reason, cause, count in rows:
+        by_reason[reason] = by_reason.get(reason, 0) + int(count)
+        named = cause or str(cause_of(reason))
+        by_cause[named] = by_cause.get(named, 0) + int(count)
+    return by_reason, by_cause
 
 
 class Store(
@@ -206,6 +222,39 @@ def find_conditions(key: str | None, recipient: str | None, import_id: str | Non
     if not conditions:
         raise ValueError("find_deliveries needs a key, a recipient or an import id")
     return " AND ".join(conditions), params
+
+
+def delivery_conditions(
+    selection: DeliveryFilter, ph: Callable[[str], str], *, before: int | None = None,
+    upto_id: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """SQL conditions over ``postlane_deliveries`` for a selection (``DeliveryFilter``),
+    and their params; ``ph`` renders a named placeholder for the engine. ``before``: ids
+    below it (the next page, newest first); ``upto_id``: ids up to it (a bulk action acts
+    on what its preview counted, never on what arrived since)."""
+    conditions: list[str] = []
+    params: dict[str, Any] = {}
+    if selection.state == "queued":
+        conditions.append("state = 'pending'")
+    elif selection.state == "pending":
+        conditions.append("state = 'pending' AND attempts = 0")
+    elif selection.state == "retrying":
+        conditions.append("state = 'pending' AND attempts > 0")
+    elif selection.state is not None:
+        conditions.append(f"state = {ph('state')}")
+        params["state"] = selection.state
+    for name, column in (("lane", "lane"), ("key", "idempotency_key"),
+                         ("recipient", "recipient"), ("import_id", "import_id"),
+                         ("template_id", "template_id")):
+        value = getattr(selection, name)
+        if value is not None:
+            conditions.append(f"{column} = {ph(name)}")
+            params[name] = value
+    for name, op, bound in (("before", "<", before), ("upto_id", "<=", upto_id)):
+        if bound is not None:
+            conditions.append(f"id {op} {ph(name)}")
+            params[name] = bound
+    return (" AND ".join(conditions) or "1 = 1"), params
 
 
 TEMPLATE_REFERENCE_CONDITION = (

@@ -28,6 +28,7 @@ from postlane.core.records import (
     Control,
     DeadLetter,
     DeadLetterFilter,
+    DeliveryFilter,
     Event,
     FallbackPair,
     ImportCanary,
@@ -272,6 +273,26 @@ class OperatorStore(FleetStore, Protocol):
         import_id: str | None = None, limit: int = 100,
     ) -> list[Delivery]:
         """Deliveries by idempotency key, recipient or import, newest first."""
+
+    @abc.abstractmethod
+    async def list_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
+        upto_id: int | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        """Deliveries matching ``selection``, newest (highest id) first; ``before`` is the
+        keyset cursor (ids below it), ``upto_id`` an upper bound kept by a bulk action."""
+
+    @abc.abstractmethod
+    async def count_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+    ) -> tuple[int, int]:
+        """How many deliveries match ``selection`` (up to ``upto_id``), and the highest id
+        among them (0 when none): the count a bulk action confirms and the bound it keeps."""
+
+    @abc.abstractmethod
+    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        """Cancel these deliveries where they are still pending (never ambiguous: that is
+        ``resolve``'s), one ``cancelled`` event each naming who; returns the ids cancelled."""
 
     @abc.abstractmethod
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None: ...

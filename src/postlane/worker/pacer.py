@@ -5,6 +5,9 @@ Why not late: the limiter guarantees planned start times. After an event-loop st
 limiter answer, or a slow gate check) every send whose slot passed meanwhile would go out at
 once, on top of the on-time sends of other tasks and processes, and overfill the provider's
 one-second window. Such a send takes a fresh slot instead.
+
+Every failed limiter call (Redis down) is counted in ``counters["limiter_errors"]``
+(``postlane_limiter_errors_total``): the callers log it and release the deliveries unspent.
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ class Pacer:
             self.quota_wait_s[lane] = 0.0
             while True:
                 asked = self.clock.monotonic()
-                reservation = await self.limiter.reserve(n, self.horizon_s, lane)
+                try:
+                    reservation = await self.limiter.reserve(n, self.horizon_s, lane)
+                except Exception:
+                    self.counters["limiter_errors"] += 1
+                    raise
                 if reservation.delays_s:
                     return reservation.delays_s, self.clock.monotonic() - asked
                 if reservation.retry_in_s > LONG_GATE_S:
@@ -58,12 +65,22 @@ class Pacer:
                 await self.clock.sleep(reservation.retry_in_s)
 
     async def gate_remaining(self) -> float:
-        return await self.limiter.gate_remaining_s() if self.limiter else 0.0
+        if self.limiter is None:
+            return 0.0
+        try:
+            return await self.limiter.gate_remaining_s()
+        except Exception:
+            self.counters["limiter_errors"] += 1
+            raise
 
     async def close_gate(self, seconds: float) -> None:
         """The provider said 429 with a Retry-After: nobody on the account sends until then."""
         if self.limiter is not None:
-            await self.limiter.close_gate(seconds)
+            try:
+                await self.limiter.close_gate(seconds)
+            except Exception:
+                self.counters["limiter_errors"] += 1
+                raise
 
     async def wait_for_slot(self, lane: str, delay_s: float, uncertainty_s: float) -> bool:
         """Sleep until the reserved slot; False when the gate is closed (someone's 429).

@@ -37,8 +37,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from postlane import tracing
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
 from postlane.core.message import EMAIL, Delivery
@@ -109,7 +110,20 @@ class WorkerConfig:
     None: bulk mail goes without them (a warning says so at start)."""
 
 
+def send_extra(delivery: Delivery, provider_message_id: str | None = None,
+               attempt: object = None) -> dict[str, object]:
+    """``extra=`` for a log line about one send: the JSON log format writes these as fields
+    (``postlane.logs.SEND_FIELDS``); never the address, which stays redacted in the text."""
+    extra: dict[str, object] = {"delivery_id": delivery.id, "lane": delivery.lane}
+    if provider_message_id is not None:
+        extra["provider_message_id"] = provider_message_id
+    if isinstance(attempt, int):
+        extra["attempt"] = attempt
+    return extra
+
+
 Observer = Callable[[Delivery, Decision], None]
+ClaimObserver = Callable[[str, list[Delivery]], None]
 """Sees each outcome as decided: the delivery as claimed and the decision (its ``detail``
 carries ``outcome`` and ``duration_ms`` for sends)."""
 
@@ -161,6 +175,8 @@ class Worker:
         """Posts the status callbacks the timeline queued (``postlane.callbacks``)."""
         self.observers: list[Observer] = []
         """Called with every decided outcome (metrics hang off this); must not block."""
+        self.claim_observers: list[ClaimObserver] = []
+        """Called with each claimed batch and its lane (the claim age); must not block."""
 
         self._held: dict[int, Claim] = {}
         """Every claim this worker holds a lease for, until its outcome is written."""
@@ -369,6 +385,8 @@ class Worker:
             await self.clock.wait(wakeup, self.config.poll_interval_s)
             return
         self.counters["claimed"] += len(batch)
+        for observe_claims in self.claim_observers:
+            observe_claims(lane, batch)
         self._in_flight[lane] += len(batch)
         for delivery in batch:
             self._held[delivery.id] = Claim(delivery.id, delivery.claims)
@@ -547,13 +565,19 @@ class Worker:
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
-                      type(exc).__name__, exc)
+                      type(exc).__name__, exc, extra=send_extra(delivery))
             self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
             return
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
         delivery = self._with_unsubscribe(lane, delivery)
+        with tracing.sending(delivery) as span:  # a no-op unless traces are on
+            await self._attempt(lane, delivery, span, route)
+
+    async def _attempt(self, lane: LaneConfig, delivery: Delivery, span: Any,
+                       route: ProviderRoute) -> None:
+        """One attempt in its slot: send, decide, report."""
         started = self.clock.monotonic()
         # A hard deadline, the lane's own, classified by the phase the send reached
         # (worker/attempt.py).
@@ -570,6 +594,7 @@ class Worker:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)
             decision.detail["provider"] = route.name
+            tracing.record_outcome(span, "handler_error", str(decision.state))
             self._report(delivery, decision, release=True)
             route.breaker.probe_unsent(delivery.id)
             return
@@ -585,6 +610,8 @@ class Worker:
         decision.detail["duration_ms"] = duration_ms
         decision.detail["provider"] = route.name
         self.counters[f"outcome:{outcome.kind}"] += 1
+        tracing.record_outcome(span, str(outcome.kind), str(decision.state),
+                               outcome.provider_message_id)
         # Reported before any await, so a stop cancelling this task cannot lose the outcome;
         # the slot is freed only once the breaker has seen it.
         self._report(delivery, decision, release=False,
@@ -596,7 +623,8 @@ class Worker:
         except Exception as exc:  # the outcome is reported; only the fleet signals failed
             self.counters["errors"] += 1
             log.error("delivery %d: could not share its outcome with the fleet (%s: %s)",
-                      delivery.id, type(exc).__name__, exc)
+                      delivery.id, type(exc).__name__, exc,
+                      extra=send_extra(delivery, outcome.provider_message_id))
         finally:
             self._release_slot(delivery)
 
@@ -617,17 +645,21 @@ class Worker:
     ) -> None:
         for observe in self.observers:
             observe(delivery, decision)
+        extra = send_extra(delivery, provider_message_id, decision.detail.get("attempt"))
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
             self.counters[f"dead:{reason}"] += 1
             level = logging.WARNING if reason == DeadReason.EXPIRED else logging.ERROR
             log.log(level, "ALERT dead letter: delivery %d (%s, lane %s, to %s) reason=%s",
                     delivery.id, delivery.key, delivery.lane,
-                    redact_address(delivery.recipient), reason)
+                    redact_address(delivery.recipient), reason, extra=extra)
         elif decision.state is State.AMBIGUOUS:
             self.counters["ambiguous"] += 1
             log.warning("delivery %d is ambiguous (%s)", delivery.id,
-                        decision.detail.get("resolution", ""))
+                        decision.detail.get("resolution", ""), extra=extra)
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("delivery %d: %s (lane %s, to %s)", delivery.id, decision.event,
+                      delivery.lane, redact_address(delivery.recipient), extra=extra)
         if error is None and decision.state is not State.SENT:
             error = decision.detail.get("why") or decision.detail.get("traceback")
         self.acker.add(Transition(
@@ -648,7 +680,7 @@ class Worker:
     def _lost(self, delivery: Delivery, why: str) -> None:
         self.counters["lease_lost"] += 1
         self._held.pop(delivery.id, None)
-        log.warning("delivery %d: %s", delivery.id, why)
+        log.warning("delivery %d: %s", delivery.id, why, extra=send_extra(delivery))
         self._release_slot(delivery)
 
     def _release_slot(self, delivery: Delivery) -> None:

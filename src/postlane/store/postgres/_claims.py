@@ -59,7 +59,7 @@ WITH t AS (
     -- One JSON document for the whole batch: json.dumps is far cheaper than ten arrays.
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS t(
         id bigint, claims int, state text, delay_s float8, spend int, error text,
-        pmid text, reason text, event text, detail jsonb)
+        pmid text, reason text, cause text, event text, detail jsonb)
 ), u AS (
     UPDATE postlane_deliveries d SET
         state = t.state,
@@ -76,7 +76,7 @@ WITH t AS (
         updated_at = now()
     FROM t
     WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
-    RETURNING d.id, d.state, d.last_error, t.event, t.detail, t.reason,
+    RETURNING d.id, d.state, d.last_error, t.event, t.detail, t.reason, t.cause,
               -- the full row only where a dead letter needs it: building it is not free
               CASE WHEN t.state IN ('dead', 'expired') THEN to_jsonb(d.*) END AS snapshot
 ), ev AS (
@@ -84,8 +84,8 @@ WITH t AS (
     SELECT id, event, state, detail FROM u
 ), dl AS (
     INSERT INTO postlane_dead_letters
-        (delivery_id, reason, snapshot, last_response, attempt_history)
-    SELECT u.id, COALESCE(u.reason, u.state), u.snapshot, u.last_error,
+        (delivery_id, reason, cause, snapshot, last_response, attempt_history)
+    SELECT u.id, COALESCE(u.reason, u.state), u.cause, u.snapshot, u.last_error,
            COALESCE((SELECT jsonb_agg(e.data || jsonb_build_object('at', e.at) ORDER BY e.id)
                      FROM postlane_events e
                      WHERE e.delivery_id = u.id AND e.data ? 'outcome'), '[]'::jsonb)
@@ -94,7 +94,7 @@ WITH t AS (
                    ELSE '[]'::jsonb END
     FROM u WHERE u.state IN ('dead', 'expired')
     ON CONFLICT (delivery_id) DO UPDATE SET
-        reason = excluded.reason, snapshot = excluded.snapshot,
+        reason = excluded.reason, cause = excluded.cause, snapshot = excluded.snapshot,
         last_response = excluded.last_response, attempt_history = excluded.attempt_history,
         dead_at = excluded.dead_at, discarded_at = NULL, discard_reason = NULL
 )
@@ -200,7 +200,8 @@ class ClaimsMixin(PostgresBase):
         batch = [
             {"id": t.id, "claims": t.claims, "state": str(t.state), "delay_s": t.delay_s,
              "spend": 1 if t.spend_attempt else 0, "error": bound_response(t.error),
-             "pmid": t.provider_message_id, "reason": t.dead_reason, "event": t.event,
+             "pmid": t.provider_message_id, "reason": t.dead_reason, "cause": t.dead_cause,
+             "event": t.event,
              "detail": dict(t.detail)}
             for t in transitions
         ]

@@ -10,9 +10,22 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from postlane.core.message import Delivery
-from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
+from postlane.core.records import (
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    DeliveryFilter,
+    Event,
+    LaneStats,
+    Stats,
+)
 from postlane.core.states import State
-from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    dead_letter_conditions,
+    dead_letter_counts,
+    delivery_conditions,
+)
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
@@ -65,6 +78,19 @@ WITH u AS (
 )
 SELECT id FROM u
 """
+_CANCEL_MANY = """
+WITH u AS (
+    UPDATE postlane_deliveries
+    SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+    RETURNING id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'cancelled', 'cancelled',
+           jsonb_build_object('reason', %(reason)s::text, 'by', %(by)s::text) FROM u
+)
+SELECT id FROM u
+"""
 _PRUNE = """
 WITH gone AS (
     DELETE FROM postlane_deliveries WHERE id IN (
@@ -75,7 +101,12 @@ WITH gone AS (
             OR (state = 'dead'
                 AND finished_at < now() - make_interval(secs => %(dead_s)s::float8)))
         LIMIT 5000
-    ) RETURNING id
+    ) RETURNING id, lane
+), counted AS (
+    -- Arrivals per lane are kept + pruned: retention must not turn that counter back.
+    INSERT INTO postlane_pruned AS p (lane, deliveries)
+    SELECT lane, count(*) FROM gone GROUP BY lane
+    ON CONFLICT (lane) DO UPDATE SET deliveries = p.deliveries + excluded.deliveries
 ), timeline AS (
     -- The timeline has no foreign key (it would be checked on every event insert, the hot
     -- path); deliveries and their events go together here instead.
@@ -187,6 +218,40 @@ class OperatingMixin(PostgresBase):
             )
             return await _deliveries(cur)
 
+    async def list_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
+        upto_id: int | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        where, params = delivery_conditions(selection, lambda name: f"%({name})s",
+                                            before=before, upto_id=upto_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
+            )
+            return await _deliveries(cur)
+
+    async def count_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+    ) -> tuple[int, int]:
+        where, params = delivery_conditions(selection, lambda name: f"%({name})s",
+                                            upto_id=upto_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
+                f"WHERE {where}", params)
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CANCEL_MANY, {"ids": list(ids), "reason": reason,
+                                                    "by": by})
+            return {row[0] for row in await cur.fetchall()}
+
     async def stats(self) -> Stats:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
@@ -196,24 +261,32 @@ class OperatingMixin(PostgresBase):
             lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
             for lane, depth, age in await cur.fetchall():
                 lanes[lane] = LaneStats(int(depth), max(0.0, float(age)))
+            # One pass over every row kept gives both the states and the arrivals per lane.
             cur = await conn.execute(
-                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
+                "SELECT lane, state, count(*) FROM postlane_deliveries GROUP BY lane, state"
             )
             states = {str(s): 0 for s in State}
-            states.update({s: int(n) for s, n in await cur.fetchall()})
+            arrivals = {name: 0 for name in self.limits.lanes}
+            for lane, state, n in await cur.fetchall():
+                states[state] = states.get(state, 0) + int(n)
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
+            cur = await conn.execute("SELECT lane, deliveries FROM postlane_pruned")
+            for lane, n in await cur.fetchall():
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
             cur = await conn.execute(
                 "SELECT attempts + 1, count(*) FROM postlane_deliveries "
                 "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
             )
             attempts = {str(a): int(n) for a, n in await cur.fetchall()}
             cur = await conn.execute(
-                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+                "SELECT dl.reason, dl.cause, count(*) FROM postlane_dead_letters dl "
                 "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
                 "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
-                "GROUP BY dl.reason"
+                "GROUP BY dl.reason, dl.cause"
             )
-            dead = {r: int(n) for r, n in await cur.fetchall()}
-        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+            dead, causes = dead_letter_counts(await cur.fetchall())
+        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead,
+                     dead_letter_causes=causes, arrivals=arrivals)
 
     async def cancel(self, delivery_id: int, reason: str = "") -> bool:
         async with self._pool.connection() as conn:

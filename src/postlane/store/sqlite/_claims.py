@@ -187,11 +187,12 @@ class ClaimsMixin(SQLiteBase):
                     row = conn.execute(
                         f"SELECT {_COLS} FROM postlane_deliveries WHERE id = ?", (t.id,)
                     ).fetchone()
-                    self._write_dead_letter(conn, row, t.dead_reason or str(t.state))
+                    self._write_dead_letter(conn, row, t.dead_reason or str(t.state),
+                                            t.dead_cause)
         return applied
 
     def _write_dead_letter(self, conn: sqlite3.Connection, row: Sequence[Any],
-                           reason: str) -> None:
+                           reason: str, cause: str | None) -> None:
         values = dict(zip(DELIVERY_COLUMNS, row, strict=True))
         snapshot = {k: _kept(k, v) for k, v in values.items()}
         history = [
@@ -203,15 +204,16 @@ class ClaimsMixin(SQLiteBase):
         conn.execute(
             f"""
             INSERT INTO postlane_dead_letters
-                (delivery_id, reason, snapshot, last_response, attempt_history, dead_at)
-            VALUES (?, ?, ?, ?, ?, {NOW})
+                (delivery_id, reason, cause, snapshot, last_response, attempt_history,
+                 dead_at)
+            VALUES (?, ?, ?, ?, ?, ?, {NOW})
             ON CONFLICT (delivery_id) DO UPDATE SET
-                reason = excluded.reason, snapshot = excluded.snapshot,
+                reason = excluded.reason, cause = excluded.cause, snapshot = excluded.snapshot,
                 last_response = excluded.last_response,
                 attempt_history = excluded.attempt_history, dead_at = excluded.dead_at,
                 discarded_at = NULL, discard_reason = NULL
             """,
-            (values["id"], reason, json.dumps(snapshot), values["last_error"],
+            (values["id"], reason, cause, json.dumps(snapshot), values["last_error"],
              json.dumps(history)),
         )
 

@@ -5,14 +5,29 @@ discard, stats, cancel and prune.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from postlane.core.message import Delivery
-from postlane.core.records import Control, DeadLetter, DeadLetterFilter, Event, LaneStats, Stats
+from postlane.core.records import (
+    Control,
+    DeadLetter,
+    DeadLetterFilter,
+    DeliveryFilter,
+    Event,
+    LaneStats,
+    Stats,
+)
 from postlane.core.states import State
-from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, find_conditions
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    dead_letter_conditions,
+    dead_letter_counts,
+    delivery_conditions,
+    find_conditions,
+)
 from postlane.store.sqlite._base import (
     _COLS,
     _INSERT_EVENT,
@@ -109,7 +124,7 @@ class OperatingMixin(SQLiteBase):
         ).fetchall()
         return [
             DeadLetter(r[0], r[1], json.loads(r[2]), r[3], json.loads(r[4]), _dt(r[5]),
-                       _opt_dt(r[6]), r[7], _opt_dt(r[8]), r[9], r[10], r[11])
+                       _opt_dt(r[6]), r[7], _opt_dt(r[8]), r[9], r[10], r[11], r[12])
             for r in rows
         ]
 
@@ -173,6 +188,51 @@ class OperatingMixin(SQLiteBase):
             return [_read(self.conn, r) for r in rows]
         return await self._run(self._tolerating_bad_text, _find)
 
+    async def list_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
+        upto_id: int | None = None, limit: int = 100,
+    ) -> list[Delivery]:
+        where, params = delivery_conditions(selection, lambda name: f":{name}",
+                                            before=before, upto_id=upto_id)
+
+        def _list() -> list[Delivery]:
+            rows = self.conn.execute(
+                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
+            ).fetchall()
+            return [_read(self.conn, r) for r in rows]
+        return await self._run(self._tolerating_bad_text, _list)
+
+    async def count_deliveries(
+        self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+    ) -> tuple[int, int]:
+        where, params = delivery_conditions(selection, lambda name: f":{name}",
+                                            upto_id=upto_id)
+
+        def _count() -> tuple[int, int]:
+            count, top = self.conn.execute(
+                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
+                f"WHERE {where}", params).fetchone()
+            return int(count), int(top)
+        return await self._run(_count)
+
+    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        if not ids:
+            return set()
+
+        def _cancel_many() -> set[int]:
+            with self._write() as conn:
+                done = [row[0] for row in conn.execute(
+                    f"UPDATE postlane_deliveries SET state = 'cancelled', "
+                    f"finished_at = {NOW}, updated_at = {NOW} "
+                    f"WHERE id IN (SELECT value FROM json_each(?)) AND state = 'pending' "
+                    f"RETURNING id", (json.dumps(list(ids)),))]
+                data = json.dumps({"reason": reason, "by": by})
+                conn.executemany(_INSERT_EVENT, [(i, "cancelled", "cancelled", data)
+                                                 for i in done])
+            return set(done)
+        return await self._run(_cancel_many)
+
     async def stats(self) -> Stats:
         def _stats() -> Stats:
             conn = self.conn
@@ -182,21 +242,28 @@ class OperatingMixin(SQLiteBase):
                 f"WHERE state IN ('pending', 'sending') GROUP BY lane"
             ):
                 lanes[lane] = LaneStats(int(depth), max(0.0, float(age or 0)))
+            # One pass over every row kept gives both the states and the arrivals per lane.
             states = {str(s): 0 for s in State}
-            states.update(dict(conn.execute(
-                "SELECT state, count(*) FROM postlane_deliveries GROUP BY state"
-            ).fetchall()))
+            arrivals = {name: 0 for name in self.limits.lanes}
+            for lane, state, n in conn.execute(
+                "SELECT lane, state, count(*) FROM postlane_deliveries GROUP BY lane, state"
+            ):
+                states[state] = states.get(state, 0) + int(n)
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
+            for lane, n in conn.execute("SELECT lane, deliveries FROM postlane_pruned"):
+                arrivals[lane] = arrivals.get(lane, 0) + int(n)
             attempts = {str(a): int(n) for a, n in conn.execute(
                 "SELECT attempts + 1, count(*) FROM postlane_deliveries "
                 "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
             )}
-            dead = dict(conn.execute(
-                "SELECT dl.reason, count(*) FROM postlane_dead_letters dl "
+            dead, causes = dead_letter_counts(conn.execute(
+                "SELECT dl.reason, dl.cause, count(*) FROM postlane_dead_letters dl "
                 "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
                 "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
-                "GROUP BY dl.reason"
+                "GROUP BY dl.reason, dl.cause"
             ).fetchall())
-            return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead)
+            return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead,
+                         dead_letter_causes=causes, arrivals=arrivals)
         return await self._run(_stats)
 
     async def cancel(self, delivery_id: int, reason: str = "") -> bool:
@@ -218,16 +285,24 @@ class OperatingMixin(SQLiteBase):
             total = 0
             while True:
                 with self._write() as conn:
-                    ids = [r[0] for r in conn.execute(
-                        f"""SELECT id FROM postlane_deliveries
+                    rows = conn.execute(
+                        f"""SELECT id, lane FROM postlane_deliveries
                             WHERE finished_at IS NOT NULL AND (
                                 (state IN ('sent', 'expired', 'cancelled', 'suppressed')
                                     AND finished_at < {NOW} - ?)
                                 OR (state = 'dead' AND finished_at < {NOW} - ?))
                             LIMIT 5000""",
                         (finished_before.total_seconds(), dead_before.total_seconds()),
-                    )]
+                    ).fetchall()
+                    ids = [r[0] for r in rows]
                     batch = json.dumps(ids)
+                    # Arrivals per lane are kept + pruned: retention must not turn that
+                    # counter back.
+                    conn.executemany(
+                        "INSERT INTO postlane_pruned (lane, deliveries) VALUES (?, ?) "
+                        "ON CONFLICT (lane) DO UPDATE SET "
+                        "deliveries = deliveries + excluded.deliveries",
+                        list(Counter(r[1] for r in rows).items()))
                     # The timeline has no foreign key (checked on every event insert);
                     # a delivery and its events go together here.
                     conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
