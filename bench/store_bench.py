@@ -228,6 +228,9 @@ class PostgresEngine(Engine):
                 await conn.execute(
                     "TRUNCATE postlane_deliveries, postlane_events, postlane_dead_letters "
                     "RESTART IDENTITY CASCADE")
+                await conn.execute(
+                    "DO $$ BEGIN IF to_regclass('postlane_callbacks') IS NOT NULL THEN "
+                    "TRUNCATE postlane_callbacks; END IF; END $$")
 
     async def settle(self) -> None:
         await pg_settle(self.url, ["postlane_deliveries", "postlane_events"])
@@ -240,10 +243,16 @@ async def pg_settle(url: str, tables: Sequence[str]) -> None:
         await conn.execute("CHECKPOINT")
 
 
+CALLBACK_ENDPOINT = {"on": False}
+"""``--callback-endpoint``: every opened store has one endpoint for every delivery."""
+
+
 @contextlib.asynccontextmanager
 async def opened(engine: Engine) -> AsyncIterator[Store]:
     async with open_store(engine.url, pool_size=4) as store:
         await store.migrate()
+        if CALLBACK_ENDPOINT["on"] and not await store.list_callback_endpoints():
+            await store.add_callback_endpoint("http://127.0.0.1:9/", "whsec_AAAA", None, ())
         yield store
 
 
@@ -624,6 +633,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-plain", action="store_true", help="skip the plain-SQL baselines")
     p.add_argument("--no-write", action="store_true",
                    help="print the table only; leave bench/RESULTS.md alone")
+    p.add_argument("--callback-endpoint", action="store_true",
+                   help="register one status callback endpoint for every delivery, so each "
+                        "ack also queues a callback (issue 16; the default measures the "
+                        "trigger with none registered)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run everything N times and report medians (default 1)")
     args = p.parse_args(argv)
@@ -702,6 +715,7 @@ def loadavg() -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    CALLBACK_ENDPOINT["on"] = args.callback_endpoint
     info = machine_info(pg_admin_url() if "postgres" in args.engines else None)
     load_before = loadavg()
     with Timer() as t:

@@ -14,6 +14,11 @@ the last job done). jobs/s = jobs / drain.
   settings: concurrency 200, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
   which borrows the idle interactive slots). Times from the database: first ``claimed`` event
   to the last ``finished_at`` -- the ack is written, so this is the stricter end.
+- ``postlane-pg-2-pdf`` and ``postlane-sqlite-1-pdf``: the same drain with every tenth
+  delivery carrying a 200 KB PDF (incompressible bytes, as a real PDF's streams are), stored
+  beside it at enqueue and read by the worker before the send (``--pdf-share`` changes the
+  share). The no-op adapter builds no MIME: the figure is the storage and the load, what
+  large content costs the claim path and the dispatch around it.
 - Peers run in ``bench/.venv-peers``; their handler only counts (``bench/peers/_peerstats.py``),
   times are the handler's first and last call.
 """
@@ -25,16 +30,19 @@ import asyncio
 import hashlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psycopg
 
 from bench import _harness as h
 from bench._common import fresh_pg_database
+from postlane.core.attachments import Attachment
+from postlane.core.message import Message
 from postlane.worker.runner import WorkerConfig
 
 _CONFIG = WorkerConfig()
@@ -124,10 +132,29 @@ def checkpoint(db: str) -> None:
 
 
 # -- Postlane --------------------------------------------------------------------------------
-async def _store_load(db: str, jobs: int, tag: str, chunk: int = 5000) -> float:
+PDF_BYTES = 200 * 1024
+PDF_SHARE = 0.10
+
+
+def with_pdfs(messages: list[Message], share: float) -> list[Message]:
+    """Every ``1/share``-th message with a 200 KB PDF attached (the same bytes each time:
+    one copy stored per delivery all the same, as a real receipt's would be)."""
+    if share <= 0:
+        return messages
+    pdf = b"%PDF-1.4\n" + random.Random(0).randbytes(PDF_BYTES - 9)
+    part = (Attachment("receipt.pdf", pdf, "application/pdf"),)
+    every = max(1, round(1 / share))
+    return [replace(m, attachments=part) if i % every == 0 else m
+            for i, m in enumerate(messages)]
+
+
+async def _store_load(db: str, jobs: int, tag: str, chunk: int = 5000,
+                      pdf_share: float = 0.0) -> float:
     from postlane.store import open_store
 
-    messages = h.bulk_messages(jobs, tag=tag)
+    messages = with_pdfs(h.bulk_messages(jobs, tag=tag), pdf_share)
+    if pdf_share:
+        chunk = 500  # 10 MB of PDFs per call, not 100
     async with open_store(db) as store:
         started = time.perf_counter()
         for i in range(0, jobs, chunk):
@@ -142,9 +169,10 @@ before it claims the next)."""
 
 
 def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
-                 timeout: float, extra: tuple[str, ...] = ()) -> Result:
+                 timeout: float, extra: tuple[str, ...] = (),
+                 pdf_share: float = 0.0) -> Result:
     h.migrate(db, work)
-    enqueue_s = asyncio.run(_store_load(db, jobs, f"tp{procs}"))
+    enqueue_s = asyncio.run(_store_load(db, jobs, f"tp{procs}", pdf_share=pdf_share))
     if backend == "PostgreSQL":
         checkpoint(db)
     launched = time.time()
@@ -169,11 +197,13 @@ def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
                             "SELECT max(finished_at), sum(state = 'sent') FROM postlane_deliveries")
     ok = (sent == jobs or capped) and not failed
     note = "" if ok else f"{sent} of {jobs} sent; " + "; ".join(p.log_tail(5) for p in failed)
+    pdfs = (f"; {pdf_share:.0%} of the deliveries carry a {PDF_BYTES // 1024} KB PDF"
+            if pdf_share else "")
     return Result(
         "Postlane", backend,
         f"{procs} × `postlane worker --provider noop:// --drain"
-        + (f" {' '.join(extra)}`" if extra else f"` ({_DEFAULTS})"),
-        jobs, enqueue_s, "`Store.enqueue_many`, 5,000 per call"
+        + (f" {' '.join(extra)}`" if extra else f"` ({_DEFAULTS})") + pdfs,
+        jobs, enqueue_s, f"`Store.enqueue_many`, {'500' if pdf_share else '5,000'} per call"
         + (" (COPY)" if backend == "PostgreSQL" else ""),
         float(last) - float(first), float(last) - launched, ok, note,
         int(sent) if capped else None)
@@ -298,15 +328,16 @@ def run_redis_peer(kind: str, redis_url: str, work: Path, jobs: int, timeout: fl
 
 
 # -- the section -----------------------------------------------------------------------------
-SYSTEMS = ("postlane-pg-1", "postlane-pg-2", "postlane-pg-2-tuned", "postlane-sqlite-1",
-           "pgqueuer", "procrastinate", "dramatiq", "celery")
+SYSTEMS = ("postlane-pg-1", "postlane-pg-2", "postlane-pg-2-tuned", "postlane-pg-2-pdf",
+           "postlane-sqlite-1", "postlane-sqlite-1-pdf", "pgqueuer", "procrastinate",
+           "dramatiq", "celery")
 
 
 REDIS_PEERS = ("dramatiq", "celery")
 
 
 def measure(jobs: int, systems: tuple[str, ...] = SYSTEMS, timeout: float = 90,
-            redis_jobs: int | None = None) -> list[Result]:
+            redis_jobs: int | None = None, pdf_share: float = PDF_SHARE) -> list[Result]:
     """``timeout``: the drain cap in seconds (the rate is then taken over the jobs done)."""
     results: list[Result] = []
     all_jobs = jobs
@@ -317,14 +348,16 @@ def measure(jobs: int, systems: tuple[str, ...] = SYSTEMS, timeout: float = 90,
             sub = work / system
             sub.mkdir()
             try:
+                share = pdf_share if system.endswith("-pdf") else 0.0
                 if system.startswith("postlane-pg"):
                     with fresh_pg_database("postlane_bench_tp") as db:
                         results.append(run_postlane(
                             db, sub, jobs, int(system.split("-")[2]), "PostgreSQL", timeout,
-                            TUNED if system.endswith("-tuned") else ()))
+                            TUNED if system.endswith("-tuned") else (), share))
                 elif system.startswith("postlane-sqlite"):
                     db = f"sqlite:///{sub / 'postlane.db'}"
-                    results.append(run_postlane(db, sub, jobs, 1, "SQLite", timeout))
+                    results.append(run_postlane(db, sub, jobs, 1, "SQLite", timeout,
+                                                pdf_share=share))
                 elif system == "pgqueuer":
                     with fresh_pg_database("postlane_bench_pgq") as db:
                         results.append(run_pgqueuer(db, sub, jobs, timeout))
@@ -363,7 +396,8 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
     best = max((r for r in results if r.system == "Postlane" and r.backend == "PostgreSQL"
                 and r.ok), key=lambda r: r.rate, default=None)
     def default(r: Result) -> bool:
-        return r.system == "Postlane" and r.backend == "PostgreSQL" and "defaults" in r.config
+        return (r.system == "Postlane" and r.backend == "PostgreSQL" and "defaults" in r.config
+                and "PDF" not in r.config)
 
     two = next((r for r in results if default(r) and r.config.startswith("2 ") and r.ok), best)
     tuned = next((r for r in results if r.system == "Postlane" and r.ok
@@ -404,6 +438,12 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
         f"with 2 tuned (`{' '.join(TUNED)}`: several claims in flight per process, as PgQueuer "
         "is tuned to its documented batch size), by each row's jobs/s: above 1, Postlane is "
         "faster.",
+        "- The rows whose consumers say *carry a 200 KB PDF* drain the same no-op jobs with "
+        "that share of them carrying an attachment, stored beside the delivery at enqueue "
+        "(`postlane_attachments`) and loaded by the worker, one query per claimed batch, "
+        "before the sends: set them beside the plain row of the same backend and process "
+        "count. The no-op adapter builds no MIME, so the difference is what large content "
+        "costs the storage and the dispatch path.",
         "- Peers' versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + " (in "
         "`bench/.venv-peers`, the same Python).",
     ]
@@ -412,11 +452,12 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
 
 def run(quick: bool = False, jobs: int | None = None,
         systems: tuple[str, ...] = SYSTEMS, command: str = "",
-        redis_jobs: int | None = None, cap: float = 90.0) -> tuple[str, list[Result]]:
-    versions = ensure_peers_venv()
+        redis_jobs: int | None = None, cap: float = 90.0,
+        pdf_share: float = PDF_SHARE) -> tuple[str, list[Result]]:
+    versions = ensure_peers_venv() if any(not s.startswith("postlane") for s in systems) else {}
     jobs = jobs or (5_000 if quick else 50_000)
     redis_jobs = redis_jobs or min(jobs, 20_000)
-    results = measure(jobs, systems, cap, redis_jobs)
+    results = measure(jobs, systems, cap, redis_jobs, pdf_share)
     return markdown(results, versions, command), results
 
 
@@ -431,12 +472,22 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--pdf-share", type=float, default=PDF_SHARE,
+                   help="share of the deliveries carrying a 200 KB PDF in the *-pdf systems")
+    p.add_argument("--section", default="throughput",
+                   help="the RESULTS.md section to write (e.g. 'attachments' for the PDF "
+                        "rows beside the plain ones, leaving the peers' table alone)")
     a = p.parse_args()
     body, _ = run(a.quick, a.jobs, tuple(s for s in a.systems.split(",") if s),
-                  command_line(), a.redis_jobs, a.cap)
+                  command_line(), a.redis_jobs, a.cap, a.pdf_share)
+    if a.section == "attachments":
+        body = body.replace("## Throughput: no-op dispatch, Postlane and Python peers",
+                            "## Throughput with attachments: the plain drain beside one where "
+                            f"{a.pdf_share:.0%} of the deliveries carry a "
+                            f"{PDF_BYTES // 1024} KB PDF", 1)
     print(body)
     if not a.no_write:
-        write_section("throughput", body)
+        write_section(a.section, body)
 
 
 if __name__ == "__main__":

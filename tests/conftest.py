@@ -4,10 +4,11 @@ PostgreSQL is not optional: if it cannot be reached the tests that need it *fail
 skip), with the URL tried and how to start it. Point ``POSTLANE_TEST_PG_ADMIN_URL`` at a
 maintenance database to use a server other than ``postgresql://postgres@127.0.0.1:5432``.
 
-There is no clock seam in the product. Tests move time forward by writing the time columns
-directly through a side connection (``side`` fixture / ``SideDB``): a lease is made to have
-expired by setting ``lease_expires_at`` into the past, a delayed row is made due by setting
-``run_at`` into the past, and so on.
+The stores have no clock seam (the database's clock is the truth; the worker's own timing
+runs on an injectable ``worker.clock.Clock``). Tests move stored time forward by writing
+the time columns directly through a side connection (``side`` fixture / ``SideDB``): a
+lease is made to have expired by setting ``lease_expires_at`` into the past, a delayed row
+is made due by setting ``run_at`` into the past, and so on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,29 @@ import pytest
 
 from postlane import Message
 from postlane.store import Store, open_store
+
+# -- the timing and failure rules run on every supported Python ---------------------------
+EVERY_PYTHON = (
+    "unit/test_attempt.py",
+    "unit/test_worker_timing.py",
+    "unit/test_held_slots.py",
+    "integration/test_worker_phases.py",
+    "integration/test_worker_shutdown.py",
+    "integration/test_worker_failures.py",
+    "integration/test_worker_caretaker.py",
+    "integration/test_provider_smtp.py",
+    "integration/test_provider_http.py",
+)
+"""Where asyncio's cancellation (which differs between 3.11, 3.12 and 3.13) decides the
+outcome: deadlines, stops, misbehaving servers. ``scripts/check`` runs them again on each
+other Python it finds (``-m every_python``)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.as_posix()
+        if any(path.endswith("tests/" + name) for name in EVERY_PYTHON):
+            item.add_marker(pytest.mark.every_python)
 
 PG_ADMIN_URL = os.environ.get(
     "POSTLANE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -4,6 +4,7 @@ around them, then a queue checker's audit. Exits non-zero on any violation.
     python -m bench.chaos                    # 20,000 deliveries, >= 10 kills, ~6 min
     python -m bench.chaos --short            # the CI form: 2,000 deliveries, 3 kills, ~1 min
     python -m bench.chaos --no-pg-restart    # leave the shared PostgreSQL server alone
+    python -m bench.chaos --failover         # a fallback provider takes over the outage
 
 What runs:
 
@@ -22,6 +23,12 @@ The faults, at random moments (seeded): ``--kills`` SIGKILLs of a random worker 
 restart (``pg_ctlcluster --skip-systemctl-redirect <version> main restart``; the server is
 started again at the end whatever happens); the provider down for ``--outage`` seconds
 (SIGKILL, then a new process on the same port; ``--outage-mode stop`` SIGSTOPs it instead).
+
+With ``--failover`` (issue 16) a second sandbox with its own journal runs as every worker's
+``--fallback`` (``--fallback-rate`` the same ceiling), and the outage is the primary's: the
+workers fail over while it is down and come back when its breaker's probe succeeds. The audit
+reads both journals as one provider-side truth: a key accepted by both providers is a
+duplicate like any other (an ambiguous attempt must never fail over before it is reconciled).
 
 The audit, as a queue checker would do it, from the database and the provider's journal:
 lost (enqueued, never terminal) = 0; duplicates (a key the provider accepted more than once)
@@ -80,6 +87,8 @@ class ChaosConfig:
     settle_timeout_s: float = 600.0
     seed: int = 20240601
     concurrency: int = 50
+    failover: bool = False
+    """A second sandbox as every worker's ``--fallback``; the outage is the primary's."""
 
     @classmethod
     def short(cls) -> ChaosConfig:
@@ -110,6 +119,9 @@ class Audit:
     dead_letter_rows_missing: int = 0
     provider_accepted: int = 0
     provider_accepts_by_life: dict[str, int] = field(default_factory=dict)
+    accepted_by_provider: dict[str, int] = field(default_factory=dict)
+    """Failover: keys accepted by the primary and by the fallback."""
+    on_both_providers: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -201,6 +213,9 @@ class Harness:
         self.rng = random.Random(config.seed + 1)
         self.port = free_port()
         self.journal = work / "accepted.tsv"
+        self.fallback_port = free_port()
+        self.fallback_journal = work / "accepted-fallback.tsv"
+        self.fallback: h.Proc | None = None
         self.workers: dict[int, h.Proc | None] = {}
         self.restart_at: dict[int, float] = {}
         self.expected_exit: set[int] = set()
@@ -234,12 +249,27 @@ class Harness:
             env=h.clean_env(PYTHONPATH=str(Path(__file__).resolve().parents[2])))
         h.wait_for(self._sandbox_up, 30, "the sandbox to listen")
 
-    def _sandbox_up(self) -> bool:
+    def _sandbox_up(self, port: int | None = None) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+            with socket.create_connection(("127.0.0.1", port or self.port), timeout=0.5):
                 return True
         except OSError:
             return False
+
+    def start_fallback(self) -> None:
+        """The fallback provider (``--failover``): a sandbox like the primary, its own
+        journal and port; it stays up through the run."""
+        c = self.config
+        self.fallback = h.Proc(
+            [sys.executable, "-m", "bench.chaos.sandbox", "--port", str(self.fallback_port),
+             "--journal", str(self.fallback_journal), "--timeout-rate", str(c.timeout_rate),
+             "--timeout-delay", str(c.timeout_delay_s), "--error-rate", str(c.error_rate),
+             "--reject", REJECT_PATTERN, "--seed", str(c.seed + 1000)],
+            self.work / "sandbox-fallback.log", name="fallback sandbox",
+            cwd=Path(__file__).resolve().parents[2],
+            env=h.clean_env(PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+        h.wait_for(lambda: self._sandbox_up(self.fallback_port), 30,
+                   "the fallback sandbox to listen")
 
     def sandbox_stats_now(self) -> dict[str, Any] | None:
         try:
@@ -260,8 +290,11 @@ class Harness:
 
     def start_worker(self, slot: int) -> None:
         c = self.config
+        fallback = (["--fallback", f"sandbox+http://127.0.0.1:{self.fallback_port}",
+                     "--fallback-rate", f"{c.rate:g}/s"] if c.failover else [])
         self.workers[slot] = h.postlane(
-            self.db, "worker", "--provider", self.provider_url, "--rate", f"{c.rate:g}/s",
+            self.db, "worker", "--provider", self.provider_url, *fallback,
+            "--rate", f"{c.rate:g}/s",
             "--limiter", self.redis_url, "--lease", f"{c.lease_s:g}s", "--attempt-timeout",
             f"{c.attempt_timeout_s:g}s", "--concurrency", str(c.concurrency), "--grace", "2s",
             "--log-level", "WARNING", log_path=self.work / f"worker-{slot}.log",
@@ -357,6 +390,8 @@ class Harness:
         messages = messages_for(c)
         upfront = int(len(messages) * c.upfront)
         self.start_sandbox()
+        if c.failover:
+            self.start_fallback()
         h.migrate(self.db, self.work)
         asyncio.run(_load(self.db, messages[:upfront]))
         self.enqueued.update(m.key for m in messages[:upfront])
@@ -503,6 +538,17 @@ class Harness:
             self.db, "SELECT d.idempotency_key FROM postlane_dead_letters l "
                      "JOIN postlane_deliveries d ON d.id = l.delivery_id")}
         journal = read_journal(str(self.journal))
+        fallback = read_journal(str(self.fallback_journal)) if self.config.failover else []
+        if self.config.failover:
+            primary_keys = {key for key, *_ in journal}
+            fallback_keys = {key for key, *_ in fallback}
+            a.accepted_by_provider = {"primary": len(primary_keys),
+                                      "fallback": len(fallback_keys)}
+            both = primary_keys & fallback_keys
+            a.on_both_providers = len(both)
+            if both:
+                a.examples["on_both_providers"] = sorted(both)[:5]
+        journal = journal + fallback
         accepts = Counter(key for key, *_ in journal)
         by_life = Counter(str(pid) for *_, pid in journal)
         per_key = Counter(r[0] for r in rows)
@@ -571,6 +617,8 @@ def run_chaos(config: ChaosConfig, *, keep: bool = False, log: Any = print) -> C
             harness.audit()
             if harness.sandbox is not None:
                 harness.sandbox.stop(10)
+            if harness.fallback is not None:
+                harness.fallback.stop(10)
             report.sandbox_lives = harness.sandbox_lives
             report.sandbox_stats = harness.sandbox_stats
             report.worker_counters = _worker_counters(work)
@@ -583,6 +631,8 @@ def run_chaos(config: ChaosConfig, *, keep: bool = False, log: Any = print) -> C
                     proc.kill()
             if harness.sandbox is not None:
                 harness.sandbox.kill()
+            if harness.fallback is not None:
+                harness.fallback.kill()
         ensure_pg_running()
         if keep or (harness is not None and not harness.report.ok):
             log(f"logs kept in {work}")
@@ -618,6 +668,9 @@ def summary(report: ChaosReport) -> str:
         f"{c['rejects']} rejected recipients",
         f"provider accepted {a.provider_accepted:,} keys (accept lines by sandbox pid: "
         f"{a.provider_accepts_by_life})",
+        *([f"failover: keys accepted by the primary {a.accepted_by_provider.get('primary', 0):,}, "
+           f"by the fallback {a.accepted_by_provider.get('fallback', 0):,}, by both "
+           f"{a.on_both_providers}"] if c.get("failover") else []),
         f"lost: {a.lost}",
         f"duplicates at the provider: {a.duplicates}",
         f"unexpected (accepted, never enqueued): {a.unexpected}",
@@ -655,6 +708,10 @@ def markdown(report: ChaosReport, command: str) -> str:
          f"{c['timeout_rate']:.0%} (held {c['timeout_delay_s']:g} s, attempt timeout "
          f"{c['attempt_timeout_s']:g} s) / {c['error_rate']:.0%} / {c['rejects']}"),
         ("keys accepted by the provider", f"{a.provider_accepted:,}"),
+        *([("failover: keys accepted by the primary / the fallback / both",
+            f"{a.accepted_by_provider.get('primary', 0):,} / "
+            f"{a.accepted_by_provider.get('fallback', 0):,} / **{a.on_both_providers}**")]
+          if c.get("failover") else []),
         ("**lost** (enqueued, never terminal)", f"**{a.lost}**"),
         ("**duplicates** (a key accepted more than once)", f"**{a.duplicates}**"),
         ("**unexpected** (accepted, never enqueued)", f"**{a.unexpected}**"),
@@ -667,9 +724,17 @@ def markdown(report: ChaosReport, command: str) -> str:
         ("duration", f"{report.duration_s:.0f} s (settled: {report.settled})"),
         ("result", "**OK**" if report.ok else f"**VIOLATIONS** {a.violations}"),
     ]
+    failover = bool(c.get("failover"))
+    title = ("## Fault harness, failover: the primary provider down, a fallback takes over"
+             if failover else
+             "## Fault harness: kill -9, SIGSTOP, PostgreSQL restart, provider outage")
     return "\n".join([
-        "## Fault harness: kill -9, SIGSTOP, PostgreSQL restart, provider outage",
+        title,
         "",
+        *([f"Every worker runs with `--fallback` (a second sandbox with its own journal, "
+           f"`--fallback-rate {c['rate']:g}/s`); the outage is the primary's. The audit reads "
+           "both journals as one: a key accepted by both providers counts as a duplicate.", ""]
+          if failover else []),
         f"Command: `{command}` (`bench/chaos/run.py`). {c['workers']} `postlane worker` processes "
         f"(`--rate {c['rate']:g}/s` through Redis, `--lease {c['lease_s']:g}s`, "
         f"`--attempt-timeout {c['attempt_timeout_s']:g}s`, `--concurrency {c['concurrency']}`) "
@@ -698,6 +763,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outage", type=float, help="seconds the provider is down")
     p.add_argument("--outage-mode", choices=["kill", "stop"])
     p.add_argument("--no-pg-restart", action="store_true")
+    p.add_argument("--failover", action="store_true",
+                   help="a fallback provider on every worker; the outage is the primary's")
     p.add_argument("--seed", type=int)
     p.add_argument("--keep", action="store_true", help="keep the logs")
     p.add_argument("--json", type=Path, help="also write the report as JSON here")
@@ -711,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             setattr(config, name, value)
     if a.no_pg_restart:
         config.pg_restart = False
+    config.failover = a.failover
     report = run_chaos(config, keep=a.keep)
     print(summary(report))
     if a.json:
@@ -719,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.write:
         from bench._common import write_section
 
-        write_section("chaos", markdown(report, command_line()))
+        write_section("chaos-failover" if config.failover else "chaos",
+                      markdown(report, command_line()))
     return 0 if report.ok else 1
 
 

@@ -5,6 +5,7 @@ The public API is exactly ``__all__``; everything else is internal and may move.
 
 from __future__ import annotations
 
+from postlane.core.attachments import Attachment, AttachmentLimits, calendar_invite, inline
 from postlane.core.message import Delivery, EnqueueResult, Message
 from postlane.core.states import DeadReason, State
 from postlane.core.validation import Limits
@@ -12,6 +13,7 @@ from postlane.errors import (
     ConfigurationError,
     ContentTooLarge,
     InvalidAddress,
+    InvalidAttachment,
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
@@ -34,12 +36,15 @@ from postlane.store import Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "Attachment",
+    "AttachmentLimits",
     "ConfigurationError",
     "ContentTooLarge",
     "DeadReason",
     "Delivery",
     "EnqueueResult",
     "InvalidAddress",
+    "InvalidAttachment",
     "InvalidHeader",
     "InvalidKey",
     "InvalidMessage",
@@ -60,9 +65,11 @@ __all__ = [
     "UnknownLane",
     "UnsupportedConnection",
     "__version__",
+    "calendar_invite",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "inline",
     "open_store",
 ]

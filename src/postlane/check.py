@@ -17,8 +17,9 @@ What is checked, and why it matters before traffic:
   sent: a connect timeout or a refused connection fails); an adapter that needs a sender
   has one (``from=``) for messages that name none;
 - **lanes**: the shares add up to 100 % and each lane gets at least one slot;
-- **retry budget**: each lane's expected backoff over its attempts fits in about two-thirds
-  of its expiry, so retries stop while the message (a reset link...) is still useful;
+- **retry budget**: each lane's expected backoff over its attempts fits in its retry budget
+  (by default two-thirds of its expiry; ``--retry-budget``), where the worker stops retrying,
+  so retries end while the message (a reset link...) is still useful;
 - **rate**: the ceiling is a positive rate, and the headroom below it is sane.
 """
 
@@ -34,7 +35,13 @@ from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from postlane.core.durations import parse_duration
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, slot_floors, with_lane_timings
+from postlane.core.lanes import (
+    DEFAULT_LANES,
+    LaneConfig,
+    slot_floors,
+    with_lane_policies,
+    with_lane_timings,
+)
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
 from postlane.core.rates import parse_limits
 from postlane.core.redaction import redact_url
@@ -55,8 +62,10 @@ from postlane.store.probe import probe_postgres, sqlite_applied
 Status = Literal["ok", "warn", "fail"]
 
 BUDGET_FRACTION = 2 / 3
-"""A lane's expected retry budget must fit in this fraction of its expiry (the seed text:
-"roughly two-thirds of the token lifetime"), leaving the rest for the send and the reader."""
+"""The default of ``LaneConfig.retry_budget``: a lane's expected retries must fit in this
+fraction of its expiry (the seed text: "roughly two-thirds of the token lifetime"), leaving
+the rest for the send and the reader. The worker enforces each lane's own fraction
+(``core.policy``); this check says ahead of time when retries would be cut short."""
 DEFAULT_TIMEOUT_S = 5.0
 PROVIDER_TIMEOUT_S = 15.0
 
@@ -109,6 +118,9 @@ class CheckSettings:
     """``interactive=250ms,bulk=1s`` as given to the worker: each lane's backoff base."""
     retry_cap: str | None = None
     """``interactive=30s,bulk=5m`` as given to the worker: each lane's longest backoff."""
+    retry_budget: str | None = None
+    """``interactive=0.5`` as given to the worker: the fraction of each lane's validity window
+    its retries may use."""
     headroom: float = 0.02
     concurrency: int = 200
     policy: RetryPolicy = field(default_factory=RetryPolicy)
@@ -136,7 +148,8 @@ async def run_checks(settings: CheckSettings) -> list[Finding]:
     ceiling, rate_findings = check_rate(settings.rate, settings.headroom)
     lanes, lane_findings = lane_configs(settings.lanes, settings.lane_expiry,
                                         retry_base=settings.retry_base,
-                                        retry_cap=settings.retry_cap)
+                                        retry_cap=settings.retry_cap,
+                                        retry_budget=settings.retry_budget)
     account = provider.account if provider is not None else None
 
     database, limiter, probe = await asyncio.gather(
@@ -470,6 +483,7 @@ def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, 
 def lane_configs(
     lanes: str | Sequence[LaneConfig] | None, expiry: str | None = None, *,
     retry_base: str | None = None, retry_cap: str | None = None,
+    retry_budget: str | None = None,
 ) -> tuple[list[LaneConfig], list[Finding]]:
     """The lanes a worker would run, parsed leniently: bad shares are findings, not errors,
     so the remaining checks still run. ``expiry`` (``interactive=15m``) overrides the
@@ -504,6 +518,11 @@ def lane_configs(
         try:
             configs = list(with_lane_timings(configs, retry_base=retry_base,
                                              retry_cap=retry_cap))
+        except ConfigurationError as exc:
+            findings.append(Finding("lanes", "fail", str(exc)))
+    if configs and retry_budget:
+        try:
+            configs = list(with_lane_policies(configs, retry_budget=retry_budget))
         except ConfigurationError as exc:
             findings.append(Finding("lanes", "fail", str(exc)))
     return configs, findings
@@ -584,25 +603,32 @@ def check_retry_budgets(lanes: Sequence[LaneConfig],
                                     f"lane {lane.name}: no expiry; {spent}"))
             continue
         expiry = lane.default_expiry.total_seconds()
-        limit = expiry * BUDGET_FRACTION
+        limit = expiry * lane.retry_budget
+        share = _fraction(lane.retry_budget)
         if expected > limit:
             findings.append(Finding(
                 "retry budget", "fail",
-                f"lane {lane.name}: {spent}, more than two-thirds of its {human(expiry)} "
+                f"lane {lane.name}: {spent}, more than {share} of its {human(expiry)} "
                 f"expiry ({human(limit)}): the last retries would deliver messages nobody can "
                 "use any more (a reset link that has expired) instead of failing while the "
                 "user can still ask for a fresh one",
                 f"lower the lane's max_attempts or lengthen its expiry to at least "
-                f"{human(expected / BUDGET_FRACTION)}",
+                f"{human(expected / lane.retry_budget)} (the worker stops retrying at "
+                f"{share} of it)",
             ))
         else:
             findings.append(Finding("retry budget", "ok",
-                                    f"lane {lane.name}: {spent}, within two-thirds of its "
+                                    f"lane {lane.name}: {spent}, within {share} of its "
                                     f"{human(expiry)} expiry"))
     return findings
 
 
 # -- wording -----------------------------------------------------------------------------
+def _fraction(value: float) -> str:
+    """``two-thirds`` for the default retry budget, else a percentage."""
+    return "two-thirds" if abs(value - BUDGET_FRACTION) < 1e-9 else f"{value:.0%}"
+
+
 def human(seconds: float) -> str:
     """``31 s``, ``10 min 20 s``, ``2 h 7 min``."""
     seconds = round(seconds)

@@ -3,7 +3,10 @@
 A digest burst floods the bulk lane while password resets and verification codes arrive
 in the interactive lane; the sandbox provider throttles, fails, times out after accepting,
 and rejects a few addresses, like a real provider on a bad afternoon. The summary shows
-what a user should check: interactive latency, the ceiling, duplicates, dead letters.
+what a user should check: interactive latency, the ceiling, duplicates, dead letters, the
+one-click unsubscribe headers a bulk digest carried (signed with a secret made for the run),
+and the SMS fallback of a reset whose email was refused (an SMS worker on
+``sandbox-sms://`` runs beside the email worker and sends it as a delivery of its own).
 
 Interactive latency is reported twice: for messages sent at their first claim, and for
 those that needed another (a 503, a timeout, a throttle), since the two answer different
@@ -15,6 +18,7 @@ close to its worst case.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shlex
 import statistics
 import time
@@ -26,13 +30,21 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from postlane.core.attachments import Attachment
+from postlane.core.fallback import with_sms_fallback
 from postlane.core.message import Message
 from postlane.core.records import Stats
+from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.limiter import open_limiter
 from postlane.providers.base import Provider
 from postlane.providers.sandbox import SandboxConfig, SandboxProvider
+from postlane.providers.sms import SandboxSmsProvider
 from postlane.store.base import Store
 from postlane.worker import Worker, WorkerConfig
+
+DEMO_UNSUBSCRIBE_URL = "http://127.0.0.1:8080"
+"""Where ``postlane serve`` listens by default (plain http is allowed on loopback only)."""
+DEMO_UNSUBSCRIBE_MAILBOX = "unsubscribe@example.com"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +99,8 @@ class DemoResult:
     dead_letters: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     duplicates_suppressed: int = 0
+    sms_fallbacks: list[dict[str, Any]] = field(default_factory=list)
+    """Each email that fell back to SMS: its key, why, and the SMS delivery's fate."""
     ceiling_violations: int | None = None
     max_per_second: int | None = None
     interactive_p50_s: float = 0.0
@@ -102,10 +116,13 @@ class DemoResult:
     retries: int = 0
     throttled: int = 0
     ambiguous: int = 0
+    bulk_headers: dict[str, str] = field(default_factory=dict)
+    """The unsubscribe headers a bulk message carried (``List-Unsubscribe``...)."""
 
     @property
     def ok(self) -> bool:
-        return self.duplicates == 0 and not self.ceiling_violations and (
+        return self.duplicates == 0 and not self.ceiling_violations and all(
+            f["state"] == "sent" for f in self.sms_fallbacks) and (
             self.states.get("pending", 0) + self.states.get("sending", 0) == 0)
 
     def as_json(self) -> dict[str, Any]:
@@ -122,7 +139,8 @@ class DemoResult:
             "interactive_retried": self.retried.as_json(),
             "bulk_drain_s": round(self.bulk_drain_s, 2), "elapsed_s": round(self.elapsed_s, 2),
             "retries": self.retries, "throttled": self.throttled, "ambiguous": self.ambiguous,
-            "states": self.states, "ok": self.ok,
+            "states": self.states, "bulk_headers": self.bulk_headers,
+            "sms_fallbacks": self.sms_fallbacks, "ok": self.ok,
         }
 
 
@@ -133,12 +151,21 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
     limiter = open_limiter(None, rate=plan.ceiling * (1 - plan.headroom))
     # The default lanes bring their own retry backoff and attempt timeout: interactive
     # retries within half a second, bulk backs off from a second up to minutes.
+    # Digests are bulk mail: they carry one-click unsubscribe links to where `postlane serve`
+    # would answer (docs/deliverability.md), signed with a secret made for this run.
+    unsubscribe = UnsubscribeConfig((secrets.token_hex(32).encode(),), DEMO_UNSUBSCRIBE_URL,
+                                    DEMO_UNSUBSCRIBE_MAILBOX)
     worker = Worker(store, provider, limiter=limiter, config=WorkerConfig(
-        lease=timedelta(seconds=15), poll_interval_s=0.5,
+        lease=timedelta(seconds=15), poll_interval_s=0.5, unsubscribe=unsubscribe,
     ))
+    # The second channel: a worker of its own that claims SMS deliveries only.
+    texts = Worker(store, SandboxSmsProvider(SandboxConfig(seed=7)), config=WorkerConfig(
+        concurrency=4, batch_size=2, lease=timedelta(seconds=15), poll_interval_s=0.5,
+        rescue_interval_s=0.5))
     started = time.monotonic()
     await _enqueue_bulk(store, plan)
     worker_task = asyncio.create_task(worker.run())
+    texts_task = asyncio.create_task(texts.run())
     interactive_ids: list[int] = []
     producer = asyncio.create_task(_enqueue_interactive(store, plan, interactive_ids))
     bulk_done_at: float | None = None
@@ -156,20 +183,39 @@ async def run_demo(store: Store, provider: Provider, plan: DemoPlan, console: Co
             active = stats.states["pending"] + stats.states["sending"]
             if producer.done() and active == 0:
                 break
-            if worker_task.done():
-                worker_task.result()  # a crashed worker ends the demo with its error
+            if worker_task.done() or texts_task.done():
+                for task in (worker_task, texts_task):  # a crashed worker ends the demo
+                    if task.done():
+                        task.result()
                 break
             await asyncio.sleep(0.25)
     finally:
         if view is not None:
             view.stop()
         worker.stop()
+        texts.stop()
         await worker_task
+        await texts_task
         producer.cancel()
         await limiter.close()
     elapsed = time.monotonic() - started
-    return await _summarise(store, provider, plan, worker, interactive_ids,
-                            (bulk_done_at or time.monotonic()) - started, elapsed)
+    result = await _summarise(store, provider, plan, worker, interactive_ids,
+                              (bulk_done_at or time.monotonic()) - started, elapsed)
+    result.bulk_headers = await _bulk_headers(store, provider, plan, unsubscribe)
+    return result
+
+
+async def _bulk_headers(store: Store, provider: Provider, plan: DemoPlan,
+                        unsubscribe: UnsubscribeConfig) -> dict[str, str]:
+    """The unsubscribe pair of a digest: as the sandbox received it, or (another provider)
+    as the worker built it for the first digest that was sent."""
+    if isinstance(provider, SandboxProvider) and "bulk" in provider.sample_headers:
+        sample = provider.sample_headers["bulk"]
+        return {k: v for k, v in sample.items() if k.startswith("List-Unsubscribe")}
+    delivery = await store.get(f"digest:2026-11:{plan.rejected_bulk}")
+    if delivery is None:
+        return {}
+    return unsubscribe.for_recipient(delivery.recipient, delivery.lane, delivery.id).headers()
 
 
 async def _enqueue_bulk(store: Store, plan: DemoPlan) -> None:
@@ -193,13 +239,56 @@ async def _enqueue_interactive(store: Store, plan: DemoPlan, ids: list[int]) -> 
         else:
             to = f"user{i}@example.com"
         kind = "reset" if i % 2 else "verify"
-        result = await store.enqueue(Message(
-            key=f"{kind}:{i}", to=to, subject="Reset your password" if kind == "reset"
-            else "Your verification code", text=f"Your code is {100000 + i}",
-            lane="interactive", expires_in=timedelta(minutes=15),
-        ))
+        if i == plan.rejected_interactive:  # one receipt, its PDF stored with it
+            message = receipt(f"receipt:{i}", to, order=f"{4200 + i}")
+        else:
+            message = Message(
+                key=f"{kind}:{i}", to=to, subject="Reset your password" if kind == "reset"
+                else "Your verification code", text=f"Your code is {100000 + i}",
+                lane="interactive", expires_in=timedelta(minutes=15),
+            )
+        if kind == "reset":  # should the email not arrive, the code goes by SMS
+            message = with_sms_fallback(message, to=f"+1415555{i % 10000:04d}",
+                                        text=f"Your password reset code is {100000 + i}")
+        result = await store.enqueue(message)
         ids.append(result.id)
         await asyncio.sleep(plan.interactive_every_s)
+
+
+def receipt(key: str, to: str, *, order: str) -> Message:
+    """A receipt with its PDF attached, as a shop sends one after checkout."""
+    return Message(
+        key=key, to=to, subject=f"Your receipt for order {order}",
+        text=f"Thank you for your order {order}. Your receipt is attached.",
+        lane="interactive",
+        attachments=(Attachment(f"receipt-{order}.pdf", receipt_pdf(order, "19.90 EUR"),
+                                "application/pdf"),),
+    )
+
+
+def receipt_pdf(order: str, total: str) -> bytes:
+    """A one-page PDF (PDF 1.4, Helvetica, no dependencies) with the cross-reference table
+    a reader needs: small, but it opens in any viewer."""
+    text = f"BT /F1 18 Tf 24 100 Td (Receipt {order}) Tj 0 -30 Td (Total: {total}) Tj ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 300 144] /Contents 4 0 R "
+        "/Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(text)} >>\nstream\n{text}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    out += (f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n"
+            "%%EOF\n").encode()
+    return bytes(out)
 
 
 def _log_through(console: Console) -> None:
@@ -261,6 +350,15 @@ async def _summarise(store: Store, provider: Provider, plan: DemoPlan, worker: W
     result.interactive_p50_s, result.interactive_p99_s = every.p50_s, every.p99_s
     result.interactive_max_s = every.max_s
     result.first_try, result.retried = Latency.of(first_try), Latency.of(retried)
+    for delivery_id in interactive_ids:
+        pair = await store.sms_fallback_pair(delivery_id)
+        if pair is None or pair.sms_id is None:
+            continue
+        email, sms = await store.get(pair.email_id), await store.get(pair.sms_id)
+        if email is not None and sms is not None:
+            result.sms_fallbacks.append({
+                "email_key": email.key, "reason": pair.reason, "sms_key": sms.key,
+                "state": str(sms.state), **sms.metadata.get("sms", {})})
     if isinstance(provider, SandboxProvider):
         seen = provider.engine.stats
         result.duplicates_suppressed = seen.duplicates_suppressed
@@ -292,6 +390,17 @@ def print_summary(result: DemoResult, console: Console, db_url: str, *,
                   f"ambiguous {result.ambiguous}")
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(result.dead_letters.items())) or "none"
     console.print(f"dead letters: {sum(result.dead_letters.values())} ({reasons})")
+    if result.bulk_headers:
+        console.print("a bulk digest carried (one-click unsubscribe, RFC 8058; "
+                      "docs/deliverability.md):")
+        for name, value in result.bulk_headers.items():
+            console.print(f"  {name}: {value}", markup=False, highlight=False, soft_wrap=True)
+    falls = "; ".join(
+        f"{f['email_key']} {f['reason']} -> {f['sms_key']} {f['state']} "
+        f"({f.get('encoding', '?')}, {f.get('segments', '?')} segment(s))"
+        for f in result.sms_fallbacks) or "none"
+    console.print(f"SMS fallbacks: {len(result.sms_fallbacks)} ({falls})", markup=False,
+                  highlight=False)
     console.print()
     console.print("next, try:")
     db = shlex.quote(db_url)

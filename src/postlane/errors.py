@@ -10,6 +10,7 @@
     │   ├── InvalidKey
     │   ├── InvalidTime           a time no store can read back (naive, out of range)
     │   ├── ContentTooLarge
+    │   ├── InvalidAttachment     a part that could not be sent as given (no name, bad type)
     │   ├── UnknownTemplate       no such template (or version)
     │   ├── TemplateDeprecated    the template takes no new enqueues
     │   ├── TemplateError         a template failed to render (a missing variable...)
@@ -83,6 +84,10 @@ class InvalidTime(InvalidMessage):
 
 class ContentTooLarge(InvalidMessage):
     """The rendered content is over the configured size limit."""
+
+
+class InvalidAttachment(InvalidMessage):
+    """An attachment, inline part or calendar invite that could not be sent as given."""
 
 
 class ConfigurationError(PostlaneError, ValueError):

@@ -21,6 +21,13 @@ the import either way; a NUL byte is looked for before anything is written.
 Operators see each import (``postlane imports show``): its run record, what became of its
 deliveries, and whether it is paused (``pause``: every worker stops claiming its
 deliveries within a second; nothing is deleted).
+
+An import can start small (``canary=N``, ``postlane import --canary N``): the first ``N``
+valid rows are sent as usual and every other row is written *held* (its ``run_at`` pushed
+far ahead, ``core.canary.HOLD``) until the worker's housekeeping sees the canary sent and
+releases the rest, or sees a canary delivery dead and pauses the import with the reason.
+A re-run keeps the first run's canary (and holds its rows while it has not passed).
+``resume`` after a failed canary releases the rest.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from postlane.core.canary import HOLD
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import import_producer
-from postlane.core.records import ImportCounts, ImportProgress, ImportRecord
+from postlane.core.records import ImportCanary, ImportCounts, ImportProgress, ImportRecord
 from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage, KeyConflict, PostlaneError
 from postlane.store.roles import FleetStore, ImportStore, TemplateStore
@@ -234,9 +242,10 @@ def _rows(lines: _Lines) -> Iterator[tuple[int, list[str]]]:
 async def import_csv(
     store: ImportingStore, path: str | os.PathLike[str], *, template: str, import_id: str,
     strict: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, lane: str = BULK_LANE,
-    on_progress: Progress | None = None,
+    on_progress: Progress | None = None, canary: int | None = None,
 ) -> ImportReport:
-    """Import ``path``: one delivery per valid row, in batches of ``batch_size``.
+    """Import ``path``: one delivery per valid row, in batches of ``batch_size``; with
+    ``canary``, the first ``canary`` rows go first and the rest is held until they are sent.
 
     Raises ``ImportRejected`` when the file cannot be imported (nothing written), and
     ``UnknownTemplate`` / ``TemplateDeprecated`` for an unusable template.
@@ -250,6 +259,8 @@ async def import_csv(
                              "control characters")
     if batch_size < 1:
         raise ImportRejected("batch size must be at least 1")
+    if canary is not None and canary < 1:
+        raise ImportRejected("a canary must be at least one delivery")
     compiled = compile_template(require_usable(await store.get_template(template), template, None))
     version = compiled.template.version
     file_name = Path(path).name
@@ -289,9 +300,11 @@ async def import_csv(
     if await store.start_import(import_id, template, version, file_name, lane) is None:
         raise ImportRejected(f"import {import_id!r} belongs to another template")
     await store.set_control(IMPORT_FAILED + import_id, None)
+    gate = _CanaryGate(store, import_id, canary, await store.get_import_canary(import_id))
     try:
         await _run(store, path, report, compiled, import_id, lane, batch_size, total,
-                   on_progress)
+                   on_progress, gate)
+        await gate.finish()
     except PostlaneError as exc:  # the file, or the template deprecated meanwhile
         await store.finish_import(_progress(report))
         await store.set_control(IMPORT_FAILED + import_id,
@@ -304,9 +317,41 @@ async def import_csv(
     return report
 
 
+class _CanaryGate:
+    """Which rows go now and which are held behind the canary (``core.canary``)."""
+
+    def __init__(self, store: ImportingStore, import_id: str, size: int | None,
+                 existing: ImportCanary | None) -> None:
+        self.store = store
+        self.import_id = import_id
+        self.recorded = existing is not None
+        self.size = existing.size if existing is not None else size
+        self.keys: list[str] = list(existing.keys) if existing is not None else []
+        self.known = set(self.keys)
+        self.hold = (existing.state in ("waiting", "failed") if existing is not None
+                     else size is not None)
+
+    async def admit(self, message: Message) -> Message:
+        """``message`` as it is to be written: as it is, or held."""
+        if not self.hold or message.key in self.known:
+            return message
+        if not self.recorded and self.size is not None and len(self.keys) < self.size:
+            self.keys.append(message.key)
+            self.known.add(message.key)
+            if len(self.keys) == self.size:  # recorded before any held row is written
+                await self.finish()
+            return message
+        return replace(message, delay=HOLD)
+
+    async def finish(self) -> None:
+        if not self.recorded and self.size is not None and self.keys:
+            await self.store.start_import_canary(self.import_id, self.size, self.keys)
+            self.recorded = True
+
+
 async def _run(store: ImportingStore, path: str, report: ImportReport, compiled: CompiledTemplate,
                import_id: str, lane: str, batch_size: int, total: int,
-               on_progress: Progress | None) -> None:
+               on_progress: Progress | None, gate: _CanaryGate) -> None:
     """Stream the file into the store (the run record is started; the caller closes it)."""
     template = report.template
     file_name = report.file_name
@@ -348,12 +393,14 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
             for line, row in rows:
                 report.rows_read += 1
                 try:
-                    batch.append(converter.message(row))
-                    batch_lines.append(line)
+                    message = converter.message(row)
                 except InvalidMessage as exc:
                     report.rows_skipped += 1
                     if len(report.problems) < MAX_PROBLEMS_KEPT:
                         report.problems.append(RowProblem(line, str(exc)))
+                else:
+                    batch.append(await gate.admit(message))
+                    batch_lines.append(line)
                 if len(batch) >= batch_size:
                     # One batch in flight while the next is parsed and rendered.
                     await settle()
@@ -411,11 +458,15 @@ class ImportStatus:
     paused: bool
     failed: str | None = None
     """Why the last run stopped on its file (a bad header...); None when it did not."""
+    canary: ImportCanary | None = None
+    paused_because: str | None = None
+    """Why the import is paused, when the pause says (a failed canary does)."""
 
     def as_json(self) -> dict[str, Any]:
         record = self.record
         data: dict[str, Any] = {"import_id": self.import_id, "paused": self.paused,
-                                "failed": self.failed}
+                                "failed": self.failed, "paused_because": self.paused_because,
+                                "canary": self.canary.as_json() if self.canary else None}
         if record is not None:
             data.update({
                 "template": record.template, "template_version": record.template_version,
@@ -438,8 +489,13 @@ async def import_status(store: ImportingStore, import_id: str) -> ImportStatus |
         return None
     controls = await store.get_controls()
     failure = controls.get(IMPORT_FAILED + import_id)
-    return ImportStatus(import_id, record, counts, IMPORT_PAUSE + import_id in controls,
-                        failure_reason(failure.value) if failure is not None else None)
+    paused = controls.get(IMPORT_PAUSE + import_id)
+    because = paused.value.get("reason") if paused is not None and isinstance(
+        paused.value, dict) else None
+    return ImportStatus(import_id, record, counts, paused is not None,
+                        failure_reason(failure.value) if failure is not None else None,
+                        await store.get_import_canary(import_id),
+                        str(because) if because else None)
 
 
 def failure_reason(value: Any) -> str:
@@ -453,5 +509,11 @@ async def pause(store: FleetStore, import_id: str, *, by: str = "operator") -> N
     await pause_import(store, import_id, by=by)
 
 
-async def resume(store: FleetStore, import_id: str) -> None:
+async def resume(store: ImportingStore, import_id: str) -> int:
+    """Let workers claim the import again; after a failed canary, release the rest too (the
+    operator fixed the cause). Returns how many held deliveries were released."""
     await resume_import(store, import_id)
+    canary = await store.get_import_canary(import_id)
+    if canary is not None and canary.state == "failed":
+        return await store.release_import_hold(import_id)
+    return 0

@@ -15,16 +15,21 @@ Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_
 ``postlane_dead_letters_open{reason}``     dead letters not replayed, sent or discarded
 ``postlane_dead_letters_open_by_cause``    the same, by cause (``core.causes``)
 ``postlane_enqueued_total{lane}``          deliveries ever enqueued (kept + pruned)
-``postlane_provider_events_total``         webhook events attached, by lane and kind (a
-                                           counter of this process, not of the store)
 ``postlane_lane_paused{lane}``             1 while an operator pause is in force
 ``postlane_import_paused{import_id}``      1 while an import is paused
 ``postlane_breaker_state{account,state}``  1 while a provider account's breaker is open or
                                            half-open (absent: closed)
 ``postlane_status_query_seconds``          how long the scrape's store queries took
+``postlane_provider_events_total``         provider events kept (webhooks, DSNs, one-click
+``{kind,lane}``                            unsubscribes) by normalised kind and lane ('' when
+                                           the event matched no delivery): bounce and
+                                           complaint rates are ``rate()`` of these over
+                                           ``postlane_sends_total``
 =========================================  ===================================================
 
-Cost per scrape: five queries. Depth/oldest age and the attempt distribution read only
+Cost per scrape: eight queries (two read the provider events: the last day's per lane over
+their ``received_at`` index, and the totals as a ``GROUP BY`` bounded by retention).
+Depth/oldest age and the attempt distribution read only
 active rows (``state IN ('pending', 'sending')``, served by the partial indexes on pending
 and leased rows); open dead letters use the partial index on open entries; the controls
 table holds a handful of rows. The count by state is a ``GROUP BY`` over every row kept,
@@ -67,7 +72,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +105,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CLAIM_AGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
                      3600.0)
-PROVIDER_EVENT_KINDS = ("delivered", "bounced", "complained", "deferred")
-"""Created at zero per lane (opened and clicked are counted when they come)."""
 ENQUEUE_TO_SEND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
                            900.0, 3600.0)
 
@@ -161,24 +164,11 @@ class FleetSampler:
 class StoreCollector(Collector):
     """Gauges from the latest ``FleetStatus``; ``render`` takes the reading first."""
 
-    def __init__(self, sampler: FleetSampler, lanes: Iterable[str] = ()) -> None:
+    def __init__(self, sampler: FleetSampler) -> None:
         self.sampler = sampler
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._status: FleetStatus | None = None
-        self.provider_events = Counter(
-            "postlane_provider_events_total",
-            "Provider events (webhooks) attached to a delivery, once each, by kind, per lane.",
-            ["lane", "kind"], registry=self.registry)
-        # Every series exists from the start at 0, so that the first bounce is an increase.
-        for lane in lanes:
-            for kind in PROVIDER_EVENT_KINDS:
-                self.provider_events.labels(lane, kind)
-
-    def observe_provider_events(self, recorded: Iterable[tuple[str, str]]) -> None:
-        """Count events the webhook intake attached to a delivery: (lane, kind) each."""
-        for lane, kind in recorded:
-            self.provider_events.labels(lane, kind).inc()
 
     async def render(self) -> bytes:
         """The exposition text for one scrape (one reading of the store, or a recent one)."""
@@ -261,6 +251,14 @@ def store_metrics(status: FleetStatus) -> Iterator[Metric]:
         breaker.add_metric([account, str(record.get("state", "open"))], 1)
     yield breaker
 
+    events = CounterMetricFamily("postlane_provider_events",
+                                 "Provider events kept (delivered, bounced, soft_bounced, "
+                                 "complained, rejected, unsubscribed...), by kind and lane.",
+                                 labels=["kind", "lane"])
+    for (kind, lane_name), count in sorted(status.provider_events.items()):
+        events.add_metric([kind, lane_name], count)
+    yield events
+
     took = GaugeMetricFamily("postlane_status_query_seconds",
                              "Time the store queries behind these gauges took.")
     took.add_metric([], status.query_s)
@@ -278,11 +276,13 @@ class WorkerMetrics:
         self.worker = worker
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.sends = Counter("postlane_sends_total",
-                             "Send attempts by outcome class, per lane.",
-                             ["lane", "outcome"], registry=self.registry)
+                             "Send attempts by outcome class, per lane and provider (the "
+                             "account: a worker with a fallback has several).",
+                             ["lane", "outcome", "provider"], registry=self.registry)
         self.dead = Counter("postlane_dead_letter_arrivals_total",
-                            "Deliveries dead-lettered by this worker, by reason and cause, "
-                            "per lane.", ["lane", "reason", "cause"], registry=self.registry)
+                            "Deliveries dead-lettered by this worker, by reason and cause, per "
+                            "lane and provider of the last attempt ('' when none was made).",
+                            ["lane", "reason", "cause", "provider"], registry=self.registry)
         self.claim_age = Histogram("postlane_claim_age_seconds",
                                    "How long a delivery was ready (due) before a worker "
                                    "claimed it, per lane.", ["lane"],
@@ -296,12 +296,14 @@ class WorkerMetrics:
                                  registry=self.registry)
         self.registry.register(_WorkerCounters(worker))
         # Every series exists from the start at 0, so that the first arrival is an increase.
+        providers = [route.name for route in worker.routes]
         for lane in worker.lanes:
-            for outcome in self.OUTCOMES:
-                self.sends.labels(lane, outcome)
-            for reason, reason_causes in CAUSES_BY_REASON.items():
-                for cause in reason_causes:
-                    self.dead.labels(lane, str(reason), str(cause))
+            for provider in providers:
+                for outcome in self.OUTCOMES:
+                    self.sends.labels(lane, outcome, provider)
+                for reason, reason_causes in CAUSES_BY_REASON.items():
+                    for cause in reason_causes:
+                        self.dead.labels(lane, str(reason), str(cause), provider)
             self.send_seconds.labels(lane)
             self.latency.labels(lane)
             self.claim_age.labels(lane)
@@ -319,8 +321,9 @@ class WorkerMetrics:
         """A ``Worker`` observer: called with every decided outcome; never blocks."""
         lane = delivery.lane
         outcome = decision.detail.get("outcome")
+        provider = str(decision.detail.get("provider", ""))
         if outcome is not None:
-            self.sends.labels(lane, str(outcome)).inc()
+            self.sends.labels(lane, str(outcome), provider).inc()
             duration_ms = decision.detail.get("duration_ms")
             if isinstance(duration_ms, int | float):
                 self.send_seconds.labels(lane).observe(duration_ms / 1000.0)
@@ -329,7 +332,7 @@ class WorkerMetrics:
             named = decision.detail.get("cause")
             cause = cause_of(reason, decision.detail.get("response"),
                              named if isinstance(named, str) else None)
-            self.dead.labels(lane, str(reason), str(cause)).inc()
+            self.dead.labels(lane, str(reason), str(cause), provider).inc()
         elif decision.state is State.SENT:
             waited = (datetime.now(UTC) - delivery.created_at).total_seconds()
             self.latency.labels(lane).observe(max(0.0, waited))
@@ -370,4 +373,12 @@ class _WorkerCounters(Collector):
         for name, key, help_text in self.COUNTERS:
             family = CounterMetricFamily(name, help_text)
             family.add_metric([], float(counters.get(key, 0)))
+            yield family
+        sender = self.worker.callbacks
+        if sender is not None:
+            family = CounterMetricFamily(
+                "postlane_callbacks", "Status callback attempts by outcome: sent, retry (the "
+                "receiver failed or timed out), dead (its budget spent).", labels=["outcome"])
+            for outcome in ("sent", "retry", "dead"):
+                family.add_metric([outcome], float(sender.counters.get(outcome, 0)))
             yield family

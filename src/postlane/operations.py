@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery
 from postlane.core.records import DeliveryFilter, Transition
 from postlane.core.states import DeadReason, State
@@ -189,6 +190,13 @@ async def resolve_matching(
                        dry_run=dry_run, act=act)
 
 
+async def stored_attachment(store: OperatorStore, delivery_id: int,
+                            position: int) -> Attachment | None:
+    """One part of a delivery as stored (and sent): for an operator's download."""
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    return parts[position] if 0 <= position < len(parts) else None
+
+
 __all__ = [
     "BulkResult",
     "ConfirmationRequired",
@@ -198,4 +206,5 @@ __all__ = [
     "cancel_matching",
     "resolve",
     "resolve_matching",
+    "stored_attachment",
 ]

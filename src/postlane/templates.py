@@ -23,15 +23,27 @@ blank in a sent message. The html part is autoescaped; subject and text are not.
 
 A template that deliveries may still send or replay from (pending, sending, ambiguous, open
 dead letters) can be deprecated (no new enqueues) but not deleted.
+
+Attachments are declared by the application for a template name, and rendered per message
+(each row of an import too) from the same variables: a static file read once at declaration,
+or a callback producing the bytes (a receipt's PDF). Their filenames are templates too::
+
+    declare_attachments("receipt",
+                        static_file("static/logo.png", content_id="logo"),
+                        rendered("receipt-{{ order_id }}.pdf", make_pdf, "application/pdf"))
+
+The rendered bytes are stored with each delivery (``postlane.core.attachments``).
 """
 
 from __future__ import annotations
 
+import mimetypes
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, meta
@@ -40,6 +52,7 @@ from jinja2.exceptions import SecurityError, UndefinedError
 from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import concat
 
+from postlane.core.attachments import ATTACHMENT, INLINE, Attachment
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
 from postlane.core.records import TemplateVersion
 from postlane.core.validation import check_subject, check_text
@@ -56,11 +69,14 @@ from postlane.store.roles import TemplateStore
 __all__ = [
     "CompiledTemplate",
     "Rendered",
+    "TemplateAttachment",
     "TemplateVersion",
     "add_template",
     "check_name",
     "check_parts",
     "compile_template",
+    "declare_attachments",
+    "declared_attachments",
     "delete_template",
     "deprecate_template",
     "enqueue_template",
@@ -69,7 +85,9 @@ __all__ = [
     "render_message",
     "render_message_in_transaction",
     "render_message_in_transaction_async",
+    "rendered",
     "require_usable",
+    "static_file",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -81,6 +99,61 @@ class Rendered:
     subject: str
     text: str | None
     html: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateAttachment:
+    """A part a template declares, made per message from its variables: ``content`` (a
+    static file's bytes) or ``render(variables) -> bytes``; ``filename`` is a template."""
+
+    filename: str
+    content_type: str
+    content: bytes | None = None
+    render: Callable[[Mapping[str, Any]], bytes] | None = None
+    kind: str = ATTACHMENT
+    content_id: str | None = None
+
+
+def static_file(path: str | Path, *, filename: str | None = None,
+                content_type: str | None = None,
+                content_id: str | None = None) -> TemplateAttachment:
+    """A file read now, once (a logo, terms and conditions), attached to every message of
+    the template; with ``content_id`` an inline part the HTML names as ``cid:``."""
+    source = Path(path)
+    try:
+        content = source.read_bytes()
+    except OSError as exc:
+        raise TemplateError(f"attachment {str(source)!r}: {exc.strerror or exc}",
+                            field="attachments") from None
+    kind = INLINE if content_id else ATTACHMENT
+    guessed = mimetypes.guess_type(source.name)[0] or "application/octet-stream"
+    return TemplateAttachment(filename or source.name, content_type or guessed, content,
+                              kind=kind, content_id=content_id)
+
+
+def rendered(filename: str, render: Callable[[Mapping[str, Any]], bytes],
+             content_type: str = "application/octet-stream") -> TemplateAttachment:
+    """A part the application produces per message: ``render(variables)`` returns its bytes
+    (an invoice PDF, a QR code); ``filename`` may use the variables (``{{ order_id }}``)."""
+    return TemplateAttachment(filename, content_type, render=render)
+
+
+_DECLARED: dict[str, tuple[TemplateAttachment, ...]] = {}
+
+
+def declare_attachments(template: str, *parts: TemplateAttachment) -> None:
+    """Declare the parts every message rendered from ``template`` carries (in this process:
+    the application's, or ``postlane import --attachments MODULE`` that imports a module
+    declaring them). Declaring again replaces; no parts removes the declaration."""
+    check_name(template)
+    if parts:
+        _DECLARED[template] = tuple(parts)
+    else:
+        _DECLARED.pop(template, None)
+
+
+def declared_attachments(template: str) -> tuple[TemplateAttachment, ...]:
+    return _DECLARED.get(template, ())
 
 
 class CompiledTemplate:
@@ -139,17 +212,42 @@ class CompiledTemplate:
         sender: str | None = None, headers: Mapping[str, str] | None = None,
         metadata: Mapping[str, Any] | None = None, import_id: str | None = None,
         expires_at: datetime | None = None, expires_in: timedelta | None = None,
-        delay: timedelta | None = None,
+        delay: timedelta | None = None, attachments: Sequence[Attachment] = (),
     ) -> Message:
-        """A ``Message`` carrying this rendering, the template's name and version."""
-        rendered = self.render(variables)
+        """A ``Message`` carrying this rendering, the template's name and version, and the
+        template's declared parts rendered from ``variables`` after ``attachments``."""
+        out = self.render(variables)
         return Message(
-            key=key, to=to, subject=rendered.subject, text=rendered.text, html=rendered.html,
+            key=key, to=to, subject=out.subject, text=out.text, html=out.html,
             lane=lane, sender=sender, headers=dict(headers or {}),
             metadata=dict(metadata or {}), import_id=import_id,
             template_id=self.template.name, template_version=self.template.version,
             expires_at=expires_at, expires_in=expires_in, delay=delay,
+            attachments=(*attachments, *self.render_attachments(variables)),
         )
+
+    def render_attachments(self, variables: Mapping[str, Any]) -> tuple[Attachment, ...]:
+        """The declared parts for one message; ``TemplateError`` names the one that failed."""
+        parts = []
+        for declared in declared_attachments(self.template.name):
+            where = f"{self._where('attachments')} {declared.filename!r}"
+            try:
+                filename = _COMPILER.filename(declared.filename).render(variables)
+                content = (declared.content if declared.render is None
+                           else declared.render(variables))
+            except UndefinedError as exc:
+                raise TemplateError(f"{where}: {exc} (a variable the attachment uses was not "
+                                    "given)", field="variables") from None
+            except Exception as exc:  # the application's callback failed on this data
+                raise TemplateError(f"{where}: {type(exc).__name__}: {exc}",
+                                    field="attachments") from None
+            if not isinstance(content, bytes):
+                raise TemplateError(f"{where}: the callback returned "
+                                    f"{type(content).__name__}, not bytes",
+                                    field="attachments")
+            parts.append(Attachment(filename, content, declared.content_type, declared.kind,
+                                    declared.content_id))
+        return tuple(parts)
 
     def _where(self, part: str) -> str:
         return f"template {self.template.name!r} v{self.template.version} {part}"
@@ -164,6 +262,15 @@ class _Compiler:
         self.html = SandboxedEnvironment(autoescape=True, **common)
         self.size = size
         self._cache: OrderedDict[tuple[Any, ...], CompiledTemplate] = OrderedDict()
+        self._filenames: dict[tuple[str, str], JinjaTemplate] = {}
+
+    def filename(self, source: str) -> JinjaTemplate:
+        """A declared attachment's filename template, compiled once."""
+        key = ("filename", source)
+        found = self._filenames.get(key)
+        if found is None:
+            found = self._filenames[key] = self.plain.from_string(source)
+        return found
 
     def compile(self, template: TemplateVersion) -> CompiledTemplate:
         # Keyed by content too: two databases (or a deleted and re-created name) may hold

@@ -25,6 +25,9 @@ def test_the_demo_succeeds_quietly_and_its_next_commands_run(tmp_path: Path) -> 
     assert run.returncode == 0, output
     assert "ALERT" not in output and "ERROR" not in output, output
     assert "dead letters: 7 (permanent=7)" in output  # 5 digests, 2 resets to bounce-*
+    # A digest's one-click unsubscribe pair, as the sandbox received it (docs/deliverability.md)
+    assert "List-Unsubscribe: <http://127.0.0.1:8080/unsubscribe/" in output
+    assert "List-Unsubscribe-Post: List-Unsubscribe=One-Click" in output
 
     suggested = output.split("next, try:\n", 1)[1].strip().splitlines()
     assert len(suggested) == 3

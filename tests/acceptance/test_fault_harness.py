@@ -38,3 +38,25 @@ def test_short_fault_harness_loses_and_duplicates_nothing() -> None:
     assert a.enqueued == config.deliveries, text
     assert a.violations == {}, text
     assert a.dead_letters == config.rejects, text
+
+
+def test_short_fault_harness_with_failover_sends_each_key_once_across_providers() -> None:
+    """The same faults with a fallback provider on every worker (issue 16): the primary's
+    outage moves mail to the fallback, and no key is accepted by both providers (an
+    ambiguous attempt never fails over before it is reconciled)."""
+    config = ChaosConfig.short()
+    config.failover = True
+    report = run_chaos(config, log=lambda line: print(line, flush=True))
+    text = summary(report)
+    print(text)
+    a = report.audit
+    FIGURES["fault harness, failover (short)"] = (
+        f"{a.enqueued} deliveries, {report.kills} kills, primary/fallback accepted "
+        f"{a.accepted_by_provider}, on both {a.on_both_providers}, lost {a.lost}, duplicates "
+        f"{a.duplicates}, unexpected {a.unexpected}, {report.duration_s:.0f}s")
+    assert report.settled, text
+    assert a.violations == {}, text
+    assert a.on_both_providers == 0, text
+    assert a.accepted_by_provider["fallback"] > 0, text
+    assert a.accepted_by_provider["primary"] > 0, text
+    assert a.dead_letters == config.rejects, text

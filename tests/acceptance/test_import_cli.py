@@ -141,3 +141,28 @@ async def test_strict_import_of_a_file_with_a_bad_row_exits_1_and_names_the_line
     refused = launcher.cli(db, "templates", "delete", "welcome")
     assert refused.returncode == 1
     assert "still referenced by 2 deliveries" in refused.stderr
+
+
+async def test_import_attachments_module_declares_each_row_s_parts(
+        launcher: Launcher, sqlite_url: str) -> None:
+    """``--attachments MODULE`` imports the application's module (from the working
+    directory) before the rows are rendered: each delivery carries its own PDF."""
+    await _prepare(sqlite_url, "Receipt", "Hi {{ name }}")
+    (launcher.workdir / "shop_receipts.py").write_text(
+        "from postlane.templates import declare_attachments, rendered\n"
+        "declare_attachments('welcome', rendered(\n"
+        "    'receipt-{{ user_id }}.pdf',\n"
+        "    lambda v: ('%PDF-1.4 ' + v['name']).encode(), 'application/pdf'))\n")
+    path = _write_users(launcher.workdir / "users.csv", 3)
+    done = launcher.cli(sqlite_url, "import", str(path), "--template", "welcome",
+                        "--import-id", "imp-pdf", "--attachments", "shop_receipts")
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with open_store(sqlite_url) as store:
+        found = await store.find_deliveries(import_id="imp-pdf")
+        parts = await store.attachments_among([d.id for d in found])
+    assert sorted((p.filename, p.content) for d in found for p in parts[d.id]) == [
+        (f"receipt-u{i}.pdf", f"%PDF-1.4 User {i}".encode()) for i in range(3)]
+    missing = launcher.cli(sqlite_url, "import", str(path), "--template", "welcome",
+                           "--import-id", "imp-x", "--attachments", "no_such_module")
+    assert missing.returncode != 0
+    assert "cannot import 'no_such_module'" in missing.stdout + missing.stderr

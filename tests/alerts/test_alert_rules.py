@@ -87,7 +87,7 @@ def exported_names() -> set[str]:
         {"breaker:sandbox": Control("breaker:sandbox", {"state": "open"}, 1, datetime.now(UTC))},
         0.0, 0.0)
     store = open_store("sqlite:///unused.db")
-    collector = StoreCollector(FleetSampler(store), lanes=["interactive"])
+    collector = StoreCollector(FleetSampler(store))
     collector._status = status  # what render() reads before a scrape
     worker = Worker(store, RecordingProvider())
     names: set[str] = set()

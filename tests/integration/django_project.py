@@ -124,7 +124,7 @@ def scenario() -> dict[str, Any]:
     with transaction.atomic():
         try:
             EmailMessage("File", "see attached", to=["ed@example.com"],
-                         attachments=[("a.txt", "x", "text/plain")]).send()
+                         attachments=[("../a.txt", "x", "text/plain")]).send()
         except InvalidMessage as exc:
             seen["attachment_error"] = str(exc)
         with connection.cursor() as cur:
@@ -154,11 +154,38 @@ def scenario() -> dict[str, Any]:
     return seen
 
 
+def attachments(directory: str) -> dict[str, Any]:
+    """``attach``, ``attach_file``, an inline ``MIMEImage`` and a calendar alternative, in
+    one ``EmailMultiAlternatives``: what the outbox stored, read back by the test."""
+    from email.mime.image import MIMEImage
+    from pathlib import Path
+
+    from django.core.mail import EmailMultiAlternatives
+    from django.core.management import call_command
+
+    call_command("postlane_migrate", stdout=__import__("io").StringIO())
+    pdf = Path(directory) / "invoice 7.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n\x00\xff" * 50)
+    email = EmailMultiAlternatives("Invoice", "See attached.", to=["ida@example.com"],
+                                   headers={"Idempotency-Key": "invoice:7"})
+    email.attach_alternative('<p>Invoice</p><img src="cid:logo">', "text/html")
+    email.attach_alternative("BEGIN:VCALENDAR\r\nMETHOD:REQUEST\r\nEND:VCALENDAR\r\n",
+                             "text/calendar")
+    email.attach("notes.txt", "héllo", "text/plain")
+    email.attach_file(str(pdf))
+    logo = MIMEImage(b"\x89PNG\r\n\x1a\n\x00", "png")
+    logo.add_header("Content-ID", "<logo>")
+    email.attach(logo)
+    return {"sent": email.send()}
+
+
 def main() -> None:
     engine, database, mode, *rest = sys.argv[1:]
     configure(engine, database)
     if mode == "scenario":
         print(json.dumps(scenario()))
+    elif mode == "attachments":
+        print(json.dumps(attachments(*rest)))
     else:
         from django.core.management import execute_from_command_line
 

@@ -176,3 +176,33 @@ def test_apikey_cli_shows_the_token_once_and_revokes(sqlite_url: str) -> None:
     assert cli("apikey", "revoke", "1") == (0, "revoked API key 1\n")
     code, out = cli("apikey", "revoke", "1")
     assert code == 1 and "no active API key with id 1" in out
+
+
+async def test_the_message_preview_lists_parts_and_operators_download_them(
+        client: httpx.AsyncClient, store: Store) -> None:
+    from postlane import Message
+    from postlane.core.attachments import Attachment
+
+    pdf = b"%PDF-1.4\n\x00\xff" * 100
+    result = await store.enqueue(Message(
+        key="receipt:1", to="ada@example.com", text="Your receipt",
+        attachments=(Attachment("reçu <1>.pdf", pdf, "application/pdf"),)))
+    _, reader = await create_key(store, "read", name="auditor")
+    await login(client, reader)
+    page = (await client.get(f"/dashboard/messages/{result.id}")).text
+    assert "reçu &lt;1&gt;.pdf" in page and "application/pdf" in page and "1,100 bytes" in page
+    assert "/attachments/0" not in page  # no download link without operate
+    refused = await client.get(f"/dashboard/messages/{result.id}/attachments/0")
+    assert refused.status_code == 403
+
+    client.cookies.clear()
+    _, ops = await create_key(store, "read,operate", name="ops")
+    await login(client, ops)
+    page = (await client.get(f"/dashboard/messages/{result.id}")).text
+    assert f"/dashboard/messages/{result.id}/attachments/0" in page
+    download = await client.get(f"/dashboard/messages/{result.id}/attachments/0")
+    assert download.status_code == 200 and download.content == pdf
+    assert download.headers["content-disposition"].startswith("attachment;")
+    assert download.headers["x-content-type-options"] == "nosniff"
+    missing = await client.get(f"/dashboard/messages/{result.id}/attachments/1")
+    assert missing.status_code == 404

@@ -35,6 +35,16 @@ async def test_an_uploaded_csv_is_imported_once(api: Api) -> None:
     assert shown["deliveries"]["created"] == 8
 
 
+async def test_an_upload_can_start_small(api: Api) -> None:
+    await add_template(api.store, "welcome", subject="Hi {{ name }}", text="Hello {{ name }}")
+    run = await upload(api, "winter", ROWS, canary="3")
+    assert run.status_code == 201, run.text
+    shown = (await api.client.get("/v1/imports/winter", headers=api.auth("read"))).json()
+    assert shown["canary"]["state"] == "waiting" and shown["canary"]["size"] == 3
+    assert shown["canary"]["held"] == 5 and shown["canary"]["deliveries"] == {"pending": 3}
+    problem(await upload(api, "w2", ROWS, canary="0"), 422)
+
+
 async def test_refusals_are_problems(api: Api) -> None:
     await add_template(api.store, "welcome", subject="Hi {{ name }}", text="Hello {{ name }}")
     strict = problem(await upload(api, "s1", ROWS + "x,bad,X\n", strict="true"), 422)

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -298,6 +299,14 @@ def test_retry_budget_through_lane_configs() -> None:
     assert check_retry_budgets([fine], RetryPolicy(base_s=60.0))[0].failed
     # The shipped defaults pass.
     assert not any(f.failed for f in check_retry_budgets(DEFAULT_LANES))
+    # The lane's own fraction is the limit: 11 min 45 s fits in 80 % of 15 min (12 min).
+    [roomy] = check_retry_budgets([replace(reset, retry_budget=0.8)])
+    assert not roomy.failed and "within 80% of its 15 min expiry" in roomy.message, roomy
+    # ... and --retry-budget reaches it through the lanes the worker would run.
+    lanes, findings = lane_configs("interactive=100", retry_budget="interactive=0.8")
+    assert findings == [] and lanes[0].retry_budget == 0.8
+    lanes, findings = lane_configs("interactive=100", retry_budget="interactive=3")
+    assert findings and "retry_budget" in findings[0].message
 
 
 def test_lanes_through_lane_configs() -> None:

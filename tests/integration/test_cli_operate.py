@@ -74,3 +74,32 @@ def test_dlq_replay_dry_run_of_one_entry_refuses_as_the_replay_would(tmp_path: P
     code, out = cli(url, "dlq", "replay", "3", "--dry-run")
     assert code == 1 and "was discarded" in out
     assert asyncio.run(states(url))["c"] == ("dead", "ambiguous_unresolved")
+
+
+
+
+def test_enqueue_an_sms_and_an_email_with_its_fallback(tmp_path: Path) -> None:
+    import json
+
+    url = f"sqlite:///{tmp_path / 'sms.db'}"
+    assert cli(url, "migrate")[0] == 0
+    code, out = cli(url, "enqueue", "--to", "+14155550100", "--key", "otp:1", "--channel",
+                    "sms", "--text", "Код 1", "--json")
+    assert code == 0 and json.loads(out)["channel"] == "sms"
+    code, _ = cli(url, "enqueue", "--to", "a@example.com", "--key", "reset:1", "--text", "hi",
+                  "--sms-fallback-to", "+14155550100", "--sms-fallback-text", "code 1")
+    assert code == 0
+    code, out = cli(url, "enqueue", "--to", "a@example.com", "--key", "reset:2", "--text",
+                    "hi", "--sms-fallback-to", "+14155550100")
+    assert code != 0 and "--sms-fallback-text" in out
+
+    async def read() -> tuple[dict[str, object], dict[str, object]]:
+        async with open_store(url) as store:
+            sms, email = await store.get("otp:1"), await store.get("reset:1")
+            assert sms is not None and email is not None
+            return sms.metadata, email.metadata
+    sms_meta, email_meta = asyncio.run(read())
+    assert sms_meta["sms"] == {"encoding": "UCS-2", "segments": 1, "units": 5}
+    assert email_meta["sms_fallback"] == {"to": "+14155550100", "text": "code 1"}
+    code, out = cli(url, "status")
+    assert code == 0 and "pending by channel: email=1  sms=1" in out

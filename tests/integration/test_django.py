@@ -62,7 +62,7 @@ async def test_send_mail_in_the_callers_transaction(project: tuple[str, str, str
         1, 0, 3)
     assert "other content" in seen["conflict"]
     assert (seen["send_mail"], seen["mass"], seen["fail_silently"]) == (1, 2, 0)
-    assert "attachments are not supported" in seen["attachment_error"]
+    assert "without a path" in seen["attachment_error"]
     assert "unknown POSTLANE settings ['LAEN']" in seen["typo"]
     # The business rows: 1 rolled back with its email, 3 committed after a refused email.
     assert accounts(url) == [2, 3]
@@ -104,3 +104,21 @@ def test_postlane_migrate_twice_is_a_no_op(tmp_path: Path) -> None:
     again = run("sqlite", path, "manage", "postlane_migrate").stdout
     assert "applied 0001_initial" in first
     assert again.strip() == "Postlane's schema is up to date"
+
+
+async def test_attach_attach_file_inline_and_an_invite_are_stored(
+        project: tuple[str, str, str], tmp_path: Path) -> None:
+    engine, database, url = project
+    seen = json.loads(run(engine, database, "attachments", str(tmp_path)).stdout)
+    assert seen == {"sent": 1}
+    async with open_store(url) as store:
+        delivery = await store.get("invoice:7")
+        assert delivery is not None and delivery.html == '<p>Invoice</p><img src="cid:logo">'
+        (parts,) = (await store.attachments_among([delivery.id])).values()
+    assert [(p.filename, p.content_type, p.kind, p.content_id, p.content) for p in parts] == [
+        ("invite.ics", "text/calendar; method=REQUEST; charset=UTF-8", "calendar", None,
+         b"BEGIN:VCALENDAR\r\nMETHOD:REQUEST\r\nEND:VCALENDAR\r\n"),
+        ("notes.txt", "text/plain", "attachment", None, "héllo".encode()),
+        ("invoice 7.pdf", "application/pdf", "attachment", None, b"%PDF-1.4\n\x00\xff" * 50),
+        ("logo", "image/png", "inline", "logo", b"\x89PNG\r\n\x1a\n\x00"),
+    ]

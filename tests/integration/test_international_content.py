@@ -301,3 +301,35 @@ async def test_the_api_refuses_an_invalid_international_address_with_422(
     data = problem(await api.send("intl:bad", body(to=to)), 422)
     assert data["field"] == "to" and why in data["detail"]
     assert await api.store.find_deliveries(key="intl:bad") == []
+
+
+# -- suppressions: one mailbox, whichever form of its domain ----------------------------------
+@pytest.mark.parametrize(("listed", "sent_to"), [
+    ("anna@xn--e1afmkfd.xn--p1ai", "anna@пример.рф"),  # a bounce names the A-labels
+    ("Anna@Пример.РФ", "anna@xn--e1afmkfd.xn--p1ai"),
+])
+async def test_a_suppression_matches_the_unicode_and_the_punycode_form(
+        store: Store, listed: str, sent_to: str) -> None:
+    await store.suppress(listed, "*", "hard_bounce")
+    result = await store.enqueue(msg("intl:suppressed", to=sent_to))
+    delivery_ = await store.get(result.id)
+    assert delivery_ is not None
+    assert await store.suppressed_among([delivery_]) == {result.id: "hard_bounce"}
+    (entry,) = await store.list_suppressions(sent_to)
+    assert entry.address == "anna@xn--e1afmkfd.xn--p1ai"  # one spelling kept
+    assert not await store.suppress(sent_to, "*", "complaint")  # the same entry
+    assert await store.unsuppress(sent_to) == 1
+    assert await store.suppressed_among([delivery_]) == {}
+
+
+async def test_a_bounce_naming_the_punycode_form_suppresses_the_unicode_recipient(
+        store: Store) -> None:
+    from postlane.core.records import ProviderEvent
+
+    first = await store.enqueue(msg("intl:a", to="anna@пример.рф"))
+    second = await store.enqueue(msg("intl:b", to="Anna@Пример.рф"))
+    await store.suppress("anna@xn--e1afmkfd.xn--p1ai", "*", "hard_bounce")
+    await store.record_provider_event(ProviderEvent(
+        "sandbox", "e1", "bounced", None, recipient="anna@xn--e1afmkfd.xn--p1ai"))
+    deliveries = [d for d in [await store.get(first.id), await store.get(second.id)] if d]
+    assert set(await store.suppressed_among(deliveries)) == {first.id, second.id}

@@ -113,9 +113,9 @@ ALL = [m.label for m in migrations.load("postgres")]
 def test_both_engines_ship_the_same_migrations() -> None:
     assert [m.label for m in migrations.load("sqlite")] == ALL
     assert ALL[:2] == ["0001_initial", "0002_controls"]
+    # Numbered in order without repeats; a number may be skipped (numbers are handed out to
+    # parallel branches ahead of their merge, so 0010 can land before 0007).
     versions = [m.version for m in migrations.load("sqlite")]
-    # Increasing and unique; parallel branches are given numbers ahead of time, so a branch
-    # may skip numbers that another branch's migrations fill when both are merged.
     assert versions == sorted(set(versions)) and versions[0] == 1
 
 

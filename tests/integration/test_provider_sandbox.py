@@ -243,3 +243,27 @@ async def test_worker_against_postlane_sandbox_with_accept_then_timeout(
     assert stats["duplicates_suppressed"] >= stats["timeouts"]
     assert sandbox_process.stop() == 0
     assert any("sandbox stopped" in line for line in sandbox_process.lines)
+
+
+async def test_the_sandbox_over_http_records_each_part_s_name_type_and_size() -> None:
+    from postlane.core.attachments import Attachment, calendar_invite
+
+    parts = (Attachment("receipt.pdf", b"%PDF-1.4\n" + bytes(range(256)), "application/pdf"),
+             calendar_invite("BEGIN:VCALENDAR\r\nMETHOD:REQUEST\r\nEND:VCALENDAR\r\n"))
+    async with sandbox(SandboxConfig()) as (engine, base):
+        provider = open_provider(f"sandbox+{base}")
+        await provider.open()
+        try:
+            outcome = await provider.send(delivery(attachments=parts))
+        finally:
+            await provider.close()
+        async with httpx.AsyncClient() as client:
+            found = (await client.get(f"{base}/v1/messages/reset:42")).json()
+    assert outcome.kind is OutcomeClass.ACCEPTED
+    expected = [
+        {"filename": "receipt.pdf", "content_type": "application/pdf", "kind": "attachment",
+         "size": 265},
+        {"filename": "invite.ics", "content_type": "text/calendar; method=REQUEST; "
+         "charset=UTF-8", "kind": "calendar", "size": 48}]
+    assert engine.attachments["reset:42"] == expected
+    assert found["attachments"] == expected

@@ -1068,9 +1068,7 @@ async def test_wait_for_work_wakes_on_own_enqueue(store: Store) -> None:
     assert time.monotonic() - t1 < 1.5
 
 
-# ======================================================================================
-# dead-letter causes (migration 0012)
-# ======================================================================================
+# -- dead-letter causes (migration 0012) ------------------------------------------------
 async def test_a_dead_letter_keeps_its_cause(store: Store) -> None:
     await store.enqueue_many([msg(k) for k in ("tpl", "addr", "bug", "late")])
     held = {d.key: d for d in await store.claim_batch("interactive", 4, "w1", LEASE)}
@@ -1092,3 +1090,73 @@ async def test_a_dead_letter_keeps_its_cause(store: Store) -> None:
     assert stats.dead_letter_causes == {"unknown_template": 1, "rejected_recipient": 1,
                                         "handler_error": 1, "expired": 1}
     assert stats.dead_letters == {"permanent": 2, "handler_error": 1, "expired": 1}
+
+
+# -- channels, SMS fallbacks and import canaries (migration 0010) ------------------------
+async def test_claims_and_ambiguity_lookups_keep_to_one_channel(store: Store) -> None:
+    from postlane.core.sms import sms_message
+
+    email = await store.enqueue(msg("c:email"))
+    text = await store.enqueue(sms_message(key="c:sms", to="+14155550100", text="hi"))
+    assert [d.id for d in await store.claim_batch("interactive", 10, "w1", LEASE,
+                                                  channel="sms")] == [text.id]
+    [e] = await store.claim_batch("interactive", 10, "w1", LEASE)
+    assert e.id == email.id
+    assert await store.list_ambiguous() == []
+    await store.set_state_if_sending_many("w1", [
+        Transition(e.id, e.claims, State.AMBIGUOUS, "ambiguous")])
+    assert [d.id for d in await store.list_ambiguous(channel="email")] == [email.id]
+    assert await store.list_ambiguous(channel="sms") == []
+    assert [d.id for d in await store.list_ambiguous()] == [email.id]
+    channels = await store.channel_stats()
+    assert channels.pending == {} and channels.fallbacks == {}
+
+
+async def test_a_fallback_is_created_once_and_only_from_the_states_given(store: Store) -> None:
+    from postlane.core.fallback import fallback_message, spec_of, with_sms_fallback
+
+    r = await store.enqueue(with_sms_fallback(msg("c:fb"), to="+14155550100", text="code"))
+    email = await store.get(r.id)
+    assert email is not None
+    spec = spec_of(email.metadata)
+    assert spec is not None
+    sms = fallback_message(email, spec, "unsent")
+    assert await store.create_sms_fallback(r.id, ["dead"], sms, "dead") is None  # not dead
+    pair = await store.create_sms_fallback(r.id, ["pending"], sms, "unsent")
+    assert pair is not None and pair.email_id == r.id and pair.reason == "unsent"
+    assert await store.create_sms_fallback(r.id, ["pending"], sms, "unsent") is None  # once
+    created = await store.get("sms-fallback:c:fb")
+    assert created is not None and created.id == pair.sms_id and created.channel == "sms"
+    assert await store.sms_fallback_pair(created.id) == pair
+    assert (await store.channel_stats()).fallbacks == {"unsent": 1}
+    assert await kinds(store, r.id) == ["enqueued", "sms_fallback"]
+    assert await kinds(store, created.id) == ["enqueued", "fallback_of"]
+
+
+async def test_a_canary_is_settled_once_and_releases_only_held_deliveries(
+        store: Store, side: SideDB) -> None:
+    from postlane.core.canary import HOLD
+
+    await store.enqueue(msg("c:1", lane="bulk", import_id="imp"))
+    held = await store.enqueue_many([msg(f"c:{i}", lane="bulk", import_id="imp", delay=HOLD)
+                                     for i in (2, 3)])
+    other = await store.enqueue(msg("c:4", lane="bulk", import_id="imp",
+                                    delay=timedelta(minutes=5)))  # a wait, not a hold
+    canary = await store.start_import_canary("imp", 1, ["c:1"])
+    assert (canary.state, canary.keys, canary.held, canary.states) == (
+        "waiting", ("c:1",), 2, {"pending": 1})
+    again = await store.start_import_canary("imp", 5, ["c:9"])  # a re-run keeps the first
+    assert again.keys == ("c:1",) and again.size == 1
+    assert [c.import_id for c in await store.list_waiting_canaries()] == ["imp"]
+    assert await store.settle_import_canary("imp", True, "canary passed: 1 of 1 sent")
+    assert not await store.settle_import_canary("imp", False, "late")
+    settled = await store.get_import_canary("imp")
+    assert settled is not None and (settled.state, settled.held) == ("passed", 0)
+    assert await store.list_waiting_canaries() == []
+    for r in held:
+        d = await store.get(r.id)
+        assert d is not None and d.run_at <= side.now()
+        assert (await kinds(store, r.id))[-1] == "released"
+    later = await store.get(other.id)
+    assert later is not None and later.run_at > side.now() + timedelta(minutes=4)
+    assert await store.release_import_hold("imp") == 0

@@ -103,6 +103,7 @@ class FlakyStore:
 @pytest.mark.parametrize("failing", [
     {"claim_batch"}, {"set_state_if_sending_many"}, {"start_attempts"},
     {"suppressed_among", "get_controls", "rescue_expired_leases"},
+    {"attachments_among"},
 ])
 async def test_database_errors_are_ridden_out(store: Store, failing: set[str]) -> None:
     provider = RecordingProvider()

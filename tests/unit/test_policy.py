@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig
+from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.core.policy import (
@@ -29,6 +29,7 @@ from postlane.core.policy import (
     parse_retry_after,
 )
 from postlane.core.states import DeadReason, State
+from postlane.errors import ConfigurationError
 
 NOW = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
 HOLD = LaneConfig("interactive", 0.7, max_attempts=6, on_ambiguous="hold")
@@ -326,9 +327,71 @@ def test_a_retry_that_would_land_after_expiry_expires_instead() -> None:
     check(decision, State.EXPIRED, "expired", spend=True, delay=None,
           reason=DeadReason.EXPIRED)
     assert decision.detail["delay_s"] == pytest.approx(3.96)
-    # Short enough: scheduled.
-    decision = decide(d, Outcome.transient("503"), HOLD, NOW, policy=POLICY, rand=fixed(0.5))
+    # Short enough, with the whole window as the retry budget: scheduled.
+    whole = replace(HOLD, retry_budget=1.0)
+    decision = decide(d, Outcome.transient("503"), whole, NOW, policy=POLICY, rand=fixed(0.5))
     check(decision, State.PENDING, "retry_scheduled", spend=True, delay=2.0, reason=None)
+
+
+# -- the retry budget follows the message's usefulness -----------------------------------
+def test_a_retry_past_two_thirds_of_the_validity_window_is_not_made() -> None:
+    # Enqueued 5 min ago, valid for 15 min: the default budget (2/3) ends at minute 10,
+    # 5 min from now. A retry 4 min out is made; one 6 min out is not (it would still land
+    # inside the window: dead-lettered as budget_exhausted, not expired).
+    d = delivery(attempts=1, created_at=NOW - timedelta(minutes=5),
+                 expires_at=NOW + timedelta(minutes=10))
+    ok = decide(d, Outcome.transient("503", retry_after_s=240), HOLD, NOW, policy=POLICY)
+    check(ok, State.PENDING, "retry_scheduled", spend=True, delay=240.0, reason=None)
+    late = decide(d, Outcome.transient("503", retry_after_s=360), HOLD, NOW, policy=POLICY)
+    check(late, State.DEAD, "dead_lettered", spend=True, delay=None,
+          reason=DeadReason.BUDGET_EXHAUSTED)
+    assert late.detail["why"].startswith("the next attempt would start after the retry budget")
+    assert late.detail["retry_budget_ends"] == (NOW + timedelta(minutes=5)).isoformat()
+    # Past the window altogether it expires, as before.
+    gone = decide(d, Outcome.transient("503", retry_after_s=700), HOLD, NOW, policy=POLICY)
+    check(gone, State.EXPIRED, "expired", spend=True, delay=None, reason=DeadReason.EXPIRED)
+
+
+@pytest.mark.parametrize(("budget", "delay_s", "state"), [
+    (0.5, 179.0, State.PENDING),  # budget ends 10 min after enqueue: 3 min left
+    (0.5, 181.0, State.DEAD),
+    (0.9, 659.0, State.PENDING),  # 18 min after enqueue: 11 min left
+    (0.9, 661.0, State.DEAD),
+    (1.0, 779.0, State.PENDING),  # the whole window: only expiry (13 min left) stops it
+    (1.0, 781.0, State.EXPIRED),
+])
+def test_a_lane_sets_the_fraction_of_the_window_retries_may_use(
+        budget: float, delay_s: float, state: State) -> None:
+    d = delivery(attempts=1, created_at=NOW - timedelta(minutes=7),
+                 expires_at=NOW + timedelta(minutes=13))  # a 20 min window
+    lane = replace(HOLD, retry_budget=budget)
+    decision = decide(d, Outcome.transient("503", retry_after_s=delay_s), lane, NOW,
+                      policy=POLICY)
+    assert decision.state is state
+
+
+def test_the_lane_default_expiry_bounds_the_budget_too() -> None:
+    # No expiry of its own: the lane's default (15 min from enqueue) is the window.
+    lane = replace(HOLD, default_expiry=timedelta(minutes=15))
+    d = delivery(attempts=1, created_at=NOW - timedelta(minutes=9))
+    assert decide(d, Outcome.transient("503", retry_after_s=59), lane, NOW,
+                  policy=POLICY).state is State.PENDING
+    assert decide(d, Outcome.transient("503", retry_after_s=61), lane, NOW,
+                  policy=POLICY).dead_reason == DeadReason.BUDGET_EXHAUSTED
+
+
+def test_throttles_spend_no_budget_and_may_use_the_whole_window() -> None:
+    d = delivery(attempts=1, created_at=NOW - timedelta(minutes=5),
+                 expires_at=NOW + timedelta(minutes=10))
+    decision = decide(d, Outcome.throttled(420.0), HOLD, NOW, policy=POLICY)
+    check(decision, State.PENDING, "throttled", spend=False, delay=420.0, reason=None)
+
+
+def test_a_retry_budget_outside_zero_to_one_is_refused() -> None:
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ConfigurationError, match="retry_budget"):
+            check_lanes([replace(HOLD, share=0.7, retry_budget=bad),
+                         replace(RESEND, share=0.3)])
 
 
 def test_a_throttle_past_expiry_expires_without_spending() -> None:

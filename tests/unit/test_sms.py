@@ -156,3 +156,14 @@ async def test_sandbox_sms_provider_records_sends_and_segments() -> None:
     assert (await provider.lookup("a")) is not None and await provider.lookup("zz") is None
     email = _delivery(Message(key="e", to="x@example.com", subject="s", text="t"), 3)
     assert (await provider.send(email)).kind == "permanent"
+
+
+def test_the_python_examples_of_the_sms_page_run() -> None:
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).parents[2] / "docs" / "sms.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, str(page), "exec"), {})  # each asserts what the page says

@@ -168,6 +168,13 @@ def test_header_value_with_a_line_break_or_nul_is_refused(value: str) -> None:
         validate(message(headers={"X-Tag": value}))
 
 
+@pytest.mark.parametrize("name", ["List-Unsubscribe", "list-unsubscribe-post"])
+def test_the_unsubscribe_pair_is_the_pipelines(name: str) -> None:
+    """Only bulk lanes carry it, with a token only Postlane can sign (docs/deliverability.md)."""
+    with pytest.raises(InvalidHeader, match="bulk lanes"):
+        check_header(name, "<mailto:u@example.com>")
+
+
 @pytest.mark.parametrize("name", ["", "X Tag", "X:Tag", "X-Tag\r\n", "Ünïcode", "X\tTag"])
 def test_bad_header_names_are_refused(name: str) -> None:
     with pytest.raises(InvalidHeader, match="printable ASCII"):
@@ -175,7 +182,7 @@ def test_bad_header_names_are_refused(name: str) -> None:
 
 
 def test_good_headers_pass() -> None:
-    check_header("List-Unsubscribe", "<mailto:u@example.com>, <https://example.com/u?a=1>")
+    check_header("References", "<a@example.com> <b@example.com>")
     check_header("X-Entity-Ref-ID", "")
     validate(message(headers={"Reply-To": "support@example.com", "X-Campaign": "spring"}))
 

@@ -7,6 +7,10 @@ address-like part of a logged request target (a query value or a path segment ho
 ``@``, plain or percent-encoded) the same way. The app adds it to uvicorn's access logger
 while it runs (``create_app``'s lifespan), so ``postlane serve`` and any uvicorn that runs
 the app log redacted targets.
+
+Credentials in a target are cut the same way: the token of a one-click unsubscribe link
+(``/unsubscribe/TOKEN``, which also names the recipient) and a webhook's ``token=``
+parameter are logged as ``***``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,13 @@ ACCESS_LOGGERS = ("uvicorn.access",)
 _ADDRESS_PART = re.compile(r"[^/?&=#\s\"]*(?:@|%40)[^/?&=#\s\"]*", re.IGNORECASE)
 
 
+_CREDENTIAL = re.compile(r"(/unsubscribe/|[?&]token=)[^/?&#\s\"]+", re.IGNORECASE)
+
+
 def redact_target(text: str) -> str:
-    """Every address-like part of ``text`` (a request target, a request line) redacted."""
+    """Every address-like part of ``text`` (a request target, a request line) redacted, and
+    every credential it carries."""
+    text = _CREDENTIAL.sub(lambda m: f"{m[1]}***", text)
     if "@" not in text and "%40" not in text.lower():
         return text
     return _ADDRESS_PART.sub(

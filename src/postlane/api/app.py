@@ -23,10 +23,14 @@ from postlane.api import access_log, problems
 from postlane.api.auth_first import AuthFirst
 from postlane.api.models import Health
 from postlane.api.routes import router
+from postlane.api.routes_callbacks import router as callbacks_router
 from postlane.api.routes_content import router as content_router
+from postlane.api.routes_unsubscribe import router as unsubscribe_router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
+from postlane.core.deliverability import SuppressionPolicy
 from postlane.core.lanes import DEFAULT_LANES
+from postlane.core.unsubscribe import secrets_from_env
 from postlane.core.validation import Limits
 from postlane.metrics import CONTENT_TYPE, FleetSampler, StoreCollector
 from postlane.store import open_store
@@ -51,12 +55,20 @@ original answer; the same key with a different body is refused with 422.
 
 **Errors** are problem details (RFC 9457, `application/problem+json`): `type`, `title`,
 `status`, `detail`, plus `field` or `errors` for invalid input. Bodies over the size limit
-(1 MiB by default) are refused with 413.
+(1 MiB by default; 16 MiB for `POST /v1/messages`, whose attachments travel as base64) are
+refused with 413.
 """
 
 
 DEFAULT_MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 UPLOAD_PREFIX = "/v1/imports/"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""``POST /v1/messages`` only: a message with attachments in base64 (10 MB of parts, the
+default per-message limit, is 13.4 MB as base64). Every other body keeps the 1 MiB limit."""
+MESSAGES_PATH = "/v1/messages"
+INBOUND_MAIL_PATH = "/v1/webhooks/smtp"
+MAX_INBOUND_MAIL_BYTES = 10 * 1024 * 1024
+"""A bounce may quote the whole message it returns (``webhooks.dsn.MAX_BYTES``)."""
 
 
 class BodyTooLarge(HTTPException):
@@ -73,16 +85,24 @@ class BodyLimit:
     by counting otherwise (chunked uploads)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int,
-                 max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> None:
+                 max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_upload_bytes = max_upload_bytes
+        self.max_message_bytes = max(max_message_bytes, max_bytes)
 
     def limit_for(self, scope: Scope) -> int:
-        """CSV uploads that start an import may be large; everything else is small."""
-        if scope.get("method") == "POST" and str(scope.get("path", "")).startswith(
-                UPLOAD_PREFIX):
-            return self.max_upload_bytes
+        """CSV uploads that start an import may be large, and so may a message carrying
+        attachments or a bounce quoting the message it returns; everything else is small."""
+        path = str(scope.get("path", ""))
+        if scope.get("method") == "POST":
+            if path.startswith(UPLOAD_PREFIX):
+                return self.max_upload_bytes
+            if path.rstrip("/") == MESSAGES_PATH:
+                return self.max_message_bytes
+            if path == INBOUND_MAIL_PATH:
+                return max(self.max_bytes, MAX_INBOUND_MAIL_BYTES)
         return self.max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -150,22 +170,30 @@ def create_app(
     *,
     lanes: Sequence[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     session_secret: str | bytes | None = None,
     sample_interval_s: float = 5.0,
     cookie_secure: bool = False,
     dashboard: bool = True,
+    unsubscribe_secrets: Sequence[bytes] | None = None,
 ) -> FastAPI:
     """The Postlane HTTP app over the database at ``store_url``.
 
     ``lanes``: the configured lane names (default: interactive, bulk). ``session_secret``
     signs dashboard sessions (default: ``$POSTLANE_SESSION_SECRET`` or one per process).
     ``sample_interval_s``: how often the dashboard's in-memory charts sample the store.
-    ``cookie_secure``: set when served over HTTPS.
+    ``cookie_secure``: set when served over HTTPS. ``max_message_bytes``: the body limit
+    of ``POST /v1/messages`` alone (attachments travel in it as base64).
+    ``unsubscribe_secrets`` verify one-click unsubscribe tokens (default:
+    ``$POSTLANE_UNSUBSCRIBE_SECRET``).
     """
     lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
+    SuppressionPolicy.from_env()  # a bad POSTLANE_SOFT_BOUNCE_* fails the start, not a webhook
     state = AppState(store_url=store_url, lanes=lane_names,
                      sessions=Sessions(session_secret), max_body_bytes=max_body_bytes,
-                     cookie_secure=cookie_secure)
+                     cookie_secure=cookie_secure,
+                     unsubscribe_secrets=tuple(unsubscribe_secrets)
+                     if unsubscribe_secrets is not None else secrets_from_env())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -177,7 +205,7 @@ def create_app(
             ensure_migrated(await store.pending_migrations())
             state.store = store
             state.sampler = FleetSampler(store, interval_s=max(sample_interval_s, 0.1))
-            state.collector = StoreCollector(state.sampler, lanes=lane_names)
+            state.collector = StoreCollector(state.sampler)
             if sample_interval_s > 0:
                 sampler_task = asyncio.create_task(state.sampler.run(), name="stats-sampler")
             yield
@@ -200,6 +228,8 @@ def create_app(
             {"name": "templates", "description": "Versioned templates."},
             {"name": "imports", "description": "Bulk import runs: counters and pauses."},
             {"name": "webhooks", "description": "Provider delivery events."},
+            {"name": "unsubscribe", "description": "One-click unsubscribe of bulk mail."},
+            {"name": "callbacks", "description": "Status callbacks to the application."},
             {"name": "service", "description": "Health and metrics."},
         ],
     )
@@ -207,6 +237,8 @@ def create_app(
     problems.install(app)
     app.include_router(router)
     app.include_router(content_router)
+    app.include_router(unsubscribe_router)
+    app.include_router(callbacks_router)
 
     @app.get("/healthz", response_model=Health, tags=["service"], summary="Liveness")
     async def healthz() -> Health:
@@ -242,7 +274,9 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,
+                       max_message_bytes=max_message_bytes)
     app.add_middleware(AuthFirst, state=state,  # outermost: it runs first
-                       routes=[*router.routes, *content_router.routes])
+                       routes=[*router.routes, *content_router.routes,
+                               *callbacks_router.routes])
     return app

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from datetime import datetime, timedelta
@@ -9,8 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
+from postlane.core.attachments import Attachment
 from postlane.core.message import Delivery, Message
-from postlane.core.records import FILTER_STATES, DeadLetter, DeliveryFilter, Event
+from postlane.core.records import FILTER_STATES, DeadLetter, DeliveryFilter, Event, FallbackPair
 from postlane.core.validation import json_problem, text_problem
 from postlane.dead_letters import ReplayPlan
 from postlane.operations import BulkResult, Resolution
@@ -63,6 +66,50 @@ class Strict(BaseModel):
 
 
 # -- messages ----------------------------------------------------------------------------
+def check_base64(value: str) -> str:
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("content is not base64 (standard alphabet, padded)") from None
+    return value
+
+
+class AttachmentIn(Strict):
+    """A file, an inline part (``cid:``) or a calendar invite, its bytes in base64."""
+
+    filename: Text = Field(min_length=1, max_length=255)
+    content_type: Text = Field(default="application/octet-stream", max_length=255,
+                               description="`type/subtype`, with parameters if any.")
+    content: Annotated[str, AfterValidator(check_base64)] = Field(
+        description="The bytes, base64 (standard alphabet, padded).")
+    kind: Literal["attachment", "inline", "calendar"] = Field(
+        default="attachment", description="`inline` parts are named by the HTML as "
+        "`cid:<content_id>`; a `calendar` part is a text/calendar invite (METHOD:REQUEST "
+        "or METHOD:CANCEL).")
+    content_id: Text | None = Field(default=None, max_length=127,
+                                    description="For an inline part: the id after `cid:`.")
+
+    def attachment(self) -> Attachment:
+        return Attachment(self.filename, base64.b64decode(self.content), self.content_type,
+                          self.kind, self.content_id)
+
+
+class AttachmentOut(BaseModel):
+    """A part as an operator sees it: never its bytes (download it by position)."""
+
+    position: int
+    filename: str
+    content_type: str
+    kind: str
+    content_id: str | None
+    size: int
+
+    @classmethod
+    def of(cls, position: int, part: Attachment) -> AttachmentOut:
+        return cls(position=position, filename=part.filename, content_type=part.content_type,
+                   kind=part.kind, content_id=part.content_id, size=part.size)
+
+
 class MessageIn(Strict):
     """A send intent, already rendered. The idempotency key comes in the
     ``Idempotency-Key`` header, not in the body."""
@@ -94,6 +141,10 @@ class MessageIn(Strict):
         default=None, description="Validity window in seconds, counted from enqueue.")
     delay_s: Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)] | None = Field(
         default=None, description="Do not send before enqueue time plus this many seconds.")
+    attachments: list[AttachmentIn] = Field(
+        default_factory=list, description="Files, inline parts and a calendar invite, "
+        "stored with the message and sent with every attempt. Limits per part and per "
+        "message apply (10 MB each by default; 413-sized bodies are refused before).")
 
     def request_hash(self) -> str:
         """SHA-256 of the canonical body: defaults filled in, keys sorted, no whitespace."""
@@ -109,6 +160,7 @@ class MessageIn(Strict):
             expires_at=self.expires_at,
             expires_in=timedelta(seconds=self.expires_in_s) if self.expires_in_s else None,
             delay=timedelta(seconds=self.delay_s) if self.delay_s else None,
+            attachments=tuple(a.attachment() for a in self.attachments),
         )
 
 
@@ -190,9 +242,30 @@ class EventOut(BaseModel):
         return cls(at=e.at, kind=e.kind, state=e.state, data=dict(e.data))
 
 
+class FallbackOut(BaseModel):
+    """An email and the SMS delivery created as its fallback (docs/sms.md)."""
+
+    email_id: int
+    sms_id: int | None = Field(description="None: the email met a trigger its policy does "
+                                           "not fall back on; no SMS was made.")
+    reason: str = Field(description="dead, expired or unsent.")
+    created_at: datetime
+
+    @classmethod
+    def of(cls, pair: FallbackPair) -> FallbackOut:
+        return cls(email_id=pair.email_id, sms_id=pair.sms_id, reason=pair.reason,
+                   created_at=pair.created_at)
+
+
 class MessageDetail(BaseModel):
     message: MessageOut
     timeline: list[EventOut]
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="Names, types and sizes of the stored parts; "
+        "`GET /v1/messages/{id}/attachments/{position}` downloads one.")
+    fallback: FallbackOut | None = Field(
+        default=None, description="The SMS fallback pair this message belongs to (as the "
+                                  "email or as the SMS), if any.")
 
 
 class MessageList(BaseModel):
@@ -318,6 +391,9 @@ class DeadLetterDetail(DeadLetterOut):
     attempt_history: list[dict[str, Any]]
     replayed_by: str | None
     discard_reason: str | None
+    attachments: list[AttachmentOut] = Field(
+        default_factory=list, description="The parts kept with the delivery (a replay sends "
+        "them again); `GET /v1/messages/{id}/attachments/{position}` downloads one.")
 
     @classmethod
     def of(cls, e: DeadLetter) -> DeadLetterDetail:
@@ -412,6 +488,16 @@ class StatusOut(BaseModel):
     paused_lanes: list[str]
     paused_imports: list[str]
     breakers: dict[str, dict[str, Any]]
+    deliverability: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Per lane over `window_s`: sent, bounced, soft_bounced, complained, "
+                    "unsubscribed, bounce_rate and complaint_rate (docs/deliverability.md).")
+    pending_by_channel: dict[str, int] = Field(
+        default_factory=dict, description="Pending deliveries by channel (email, sms): each "
+                                          "channel needs a worker of its own.")
+    sms_fallbacks: dict[str, int] = Field(
+        default_factory=dict, description="SMS fallbacks created, by trigger (dead, expired, "
+                                          "unsent; no_sms: decided, none sent).")
 
 
 class WebhookOut(BaseModel):

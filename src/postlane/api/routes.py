@@ -17,9 +17,11 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request, Resp
 
 from postlane import operations
 from postlane.api.cursors import decode_cursor, encode_cursor
+from postlane.api.downloads import attachment_response, stored_part
 from postlane.api.models import (
     STATE_HELP,
     ActedOut,
+    AttachmentOut,
     BulkCancelIn,
     BulkOut,
     BulkResolveIn,
@@ -30,6 +32,7 @@ from postlane.api.models import (
     DiscardIn,
     DiscardOut,
     EventOut,
+    FallbackOut,
     FilterIn,
     IsoTime,
     LaneControlOut,
@@ -143,8 +146,24 @@ async def get_message(delivery_id: DeliveryId, store: StoreDep, _key: Reader) ->
     if delivery is None:
         raise not_found(f"no message with id {delivery_id}")
     events = await store.timeline(delivery.id)
+    parts = (await store.attachments_among([delivery.id])).get(delivery.id, ())
+    pair = await store.sms_fallback_pair(delivery.id)
     return MessageDetail(message=MessageOut.of(delivery),
-                         timeline=[EventOut.of(e) for e in events])
+                         timeline=[EventOut.of(e) for e in events],
+                         attachments=[AttachmentOut.of(i, p) for i, p in enumerate(parts)],
+                         fallback=FallbackOut.of(pair) if pair is not None else None)
+
+
+@router.get("/messages/{delivery_id:int}/attachments/{position:int}", tags=["messages"],
+            summary="Download one stored attachment", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "The part's bytes, as stored and sent."},
+                       **problem_responses(401, 403, 404, 422, 503)})
+async def get_attachment(delivery_id: DeliveryId, position: int, store: StoreDep,
+                         _key: Reader) -> Response:
+    """The bytes exactly as every attempt sends them. Scope: `read`."""
+    part = await stored_part(store, delivery_id, position)
+    return attachment_response(part)
 
 
 @router.get("/messages", response_model=MessageList, tags=["messages"],
@@ -293,7 +312,10 @@ async def get_dead_letter(delivery_id: DeliveryId, store: StoreDep,
     entry = await store.dead_letter(delivery_id)
     if entry is None:
         raise not_found(f"no dead letter for delivery {delivery_id}")
-    return DeadLetterDetail.of(entry)
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    detail = DeadLetterDetail.of(entry)
+    detail.attachments = [AttachmentOut.of(i, p) for i, p in enumerate(parts)]
+    return detail
 
 
 @router.post("/dead-letters/{delivery_id:int}/replay", response_model=ReplayOneOut,
@@ -406,12 +428,18 @@ async def status(store: StoreDep, _key: Reader) -> dict[str, Any]:
 )
 async def webhook(
     provider: Annotated[str, Path(min_length=1, max_length=50,
-                                  description="sandbox, resend or ses.")],
+                                  description="sandbox, resend, ses, postmark or smtp.")],
     request: Request, response: Response, store: StoreDep,
+    token: Annotated[str | None, Query(
+        max_length=500, description="postmark and smtp: the shared secret, when the "
+                                    "webhook URL carries it as a parameter rather than as "
+                                    "basic-auth credentials.")] = None,
 ) -> WebhookOut:
-    """Verified by the provider's signature (401 when it does not verify), recorded once;
-    a payload that cannot be read or stored (not a JSON object, nested deeper than 32
-    levels, a NUL or a lone surrogate in a string) is answered 400."""
+    """Verified by the provider's signature (sandbox, resend, ses) or a shared secret
+    (postmark, smtp: basic auth or `?token=`), 401 when it does not verify; recorded once.
+    A payload that cannot be read or stored (not a JSON object, nested deeper than 32
+    levels, a NUL or a lone surrogate in a string) is answered 400. `smtp` takes a raw
+    message (a DSN, a feedback report, a mailto unsubscribe) as the body."""
     try:
         from postlane import webhooks
     except ImportError:  # pragma: no cover - the module ships with the package
@@ -420,7 +448,8 @@ async def webhook(
     body = await request.body()
     config = webhooks.WebhookConfig.from_env(app_state(request).sns_certificates)
     try:
-        result = await webhooks.receive(store, provider, dict(request.headers), body, config)
+        result = await webhooks.receive(store, provider, dict(request.headers), body, config,
+                                        token=token)
     except webhooks.WebhookMalformed as exc:
         raise ProblemError(400, "webhook-malformed", "Malformed webhook", str(exc)) from None
     except webhooks.WebhookRejected as exc:
@@ -431,9 +460,6 @@ async def webhook(
                            f"{exc}; the notification was not processed: send it again "
                            "later", headers={"Retry-After": "60"}) from None
     response.status_code = result.status
-    collector = app_state(request).collector
-    if collector is not None:
-        collector.observe_provider_events(getattr(result, "recorded", []))
     return WebhookOut(status=result.status, detail=result.detail,
                       events=list(getattr(result, "events", [])))
 

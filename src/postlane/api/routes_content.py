@@ -157,9 +157,25 @@ class ImportDeliveries(BaseModel):
     states: dict[str, int]
 
 
+class ImportCanaryOut(BaseModel):
+    """The import's first deliveries, sent before the rest is released (docs/concepts.md)."""
+
+    size: int
+    state: str = Field(description="waiting, passed, failed (the import is paused) or "
+                                   "released (by an operator).")
+    reason: str | None
+    deliveries: dict[str, int] = Field(description="The canary deliveries by state.")
+    held: int = Field(description="The import's deliveries still held behind the canary.")
+    settled_at: datetime | None
+
+
 class ImportOut(BaseModel):
     import_id: str
     paused: bool
+    paused_because: str | None = Field(default=None, description="Why it is paused, when "
+                                                                  "the pause says (a failed "
+                                                                  "canary does).")
+    canary: ImportCanaryOut | None = None
     template: str | None = None
     template_version: int | None = None
     file: str | None = None
@@ -180,10 +196,14 @@ class ImportOut(BaseModel):
             queued=c.states.get("pending", 0) - c.waiting_retry,
             waiting_retry=c.waiting_retry, dead=c.states.get("dead", 0),
             oldest_waiting_age_s=round(c.oldest_waiting_age_s, 3), states=dict(c.states))
+        canary = (ImportCanaryOut(**status.canary.as_json()) if status.canary is not None
+                  else None)
         if r is None:
-            return cls(import_id=status.import_id, paused=status.paused, deliveries=deliveries)
+            return cls(import_id=status.import_id, paused=status.paused, deliveries=deliveries,
+                       paused_because=status.paused_because, canary=canary)
         return cls(
-            import_id=status.import_id, paused=status.paused, template=r.template,
+            import_id=status.import_id, paused=status.paused,
+            paused_because=status.paused_because, canary=canary, template=r.template,
             template_version=r.template_version, file=r.file_name, lane=r.lane, runs=r.runs,
             started_at=r.started_at, last_started_at=r.last_started_at,
             finished_at=r.finished_at,
@@ -274,6 +294,10 @@ async def post_import(
                                    pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")],
     strict: Annotated[bool, Query(description="Refuse the whole file if any row is bad "
                                               "(nothing is written).")] = False,
+    canary: Annotated[int | None, Query(
+        ge=1, description="Send the first N deliveries first and hold the rest until they "
+                          "are sent; a canary delivery that dead-letters pauses the import "
+                          "with the reason (GET /v1/imports/{import_id} shows it).")] = None,
 ) -> ImportRunOut:
     """One delivery per valid row into the bulk lane, keyed
     `<template>:<user_id>:<import_id>`: uploading the same file again (or the rest of it
@@ -285,7 +309,7 @@ async def post_import(
         spool.flush()
         try:
             report = await import_csv(store, spool.name, template=template,
-                                      import_id=import_id, strict=strict)
+                                      import_id=import_id, strict=strict, canary=canary)
         except ImportRejected as exc:
             problems = exc.problems
             detail = str(exc)

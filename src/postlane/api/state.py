@@ -29,6 +29,9 @@ class AppState:
     sessions: Sessions = field(default_factory=Sessions)
     max_body_bytes: int = 1024 * 1024
     cookie_secure: bool = False
+    unsubscribe_secrets: tuple[bytes, ...] = ()
+    """Verify one-click unsubscribe tokens (``POSTLANE_UNSUBSCRIBE_SECRET``); none: every
+    link is refused, saying that unsubscribe is not configured."""
     sns_certificates: SnsCertificates = field(default_factory=SnsCertificates)
     """The SES webhook's certificate cache (one per process). Always the default: no option
     reaches its test-only ``base_url``."""

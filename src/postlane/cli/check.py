@@ -16,7 +16,8 @@ from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summar
 
 _WORKER_TABLE = "worker"
 _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
-                "headroom": float, "concurrency": int, "retry_base": str, "retry_cap": str}
+                "headroom": float, "concurrency": int, "retry_base": str, "retry_cap": str,
+                "retry_budget": str}
 
 
 def check(
@@ -51,6 +52,10 @@ def check(
         envvar="POSTLANE_RETRY_CAP", show_envvar=True,
         help="Longest backoff per lane, as given to the worker "
              "[default: interactive 30s, bulk 5m].")] = None,
+    retry_budget: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
+        help="Fraction of each lane's validity window its retries may use, as given to the "
+             "worker [default: 0.667].")] = None,
     skip: Annotated[list[str] | None, typer.Option(
         help="Leave out a group of checks (repeatable): database, limiter, provider, rate, "
              "lanes. An API host (postlane serve) needs only the database.")] = None,
@@ -60,7 +65,8 @@ def check(
     provider, lanes, retry budgets, rate. Exit 1 if anything is wrong."""
     values: dict[str, Any] = {"provider": provider, "rate": rate, "limiter": limiter,
                               "lanes": lanes, "headroom": headroom, "concurrency": concurrency,
-                              "retry_base": retry_base, "retry_cap": retry_cap}
+                              "retry_base": retry_base, "retry_cap": retry_cap,
+                              "retry_budget": retry_budget}
     values.update(_worker_defaults(ctx, values))
     unknown = {name.strip() for item in skip or () for name in item.split(",")} - set(SKIPPABLE)
     if unknown:
@@ -70,6 +76,7 @@ def check(
         db=ctx.obj.db, provider=values["provider"], rate=values["rate"],
         limiter=values["limiter"], lanes=values["lanes"], lane_expiry=lane_expiry,
         retry_base=values["retry_base"], retry_cap=values["retry_cap"],
+        retry_budget=values["retry_budget"],
         headroom=values["headroom"], concurrency=values["concurrency"],
         skip=frozenset(name.strip() for item in skip or () for name in item.split(",")),
     )

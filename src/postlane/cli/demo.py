@@ -52,7 +52,8 @@ def demo(
 
     assert isinstance(result, DemoResult)
     print_summary(result, console, db, command=invoked_as(),
-                  timeline_key="reset:3" if interactive > 3 else "digest:2026-11:0")
+                  timeline_key=(result.sms_fallbacks[0]["email_key"] if result.sms_fallbacks
+                                else "reset:3" if interactive > 3 else "digest:2026-11:0"))
     if as_json:
         print(json.dumps(result.as_json()))
     if not result.ok:

@@ -14,6 +14,8 @@ from rich.text import Text
 
 from postlane.cli.durations import duration_option
 from postlane.cli.shell import console, delivery_json, ids, run_with_store, table, when
+from postlane.core.attachments import Attachment
+from postlane.core.message import Delivery
 from postlane.core.records import DeadLetter, DeadLetterFilter, Event
 from postlane.core.redaction import redact_address, redact_addresses
 from postlane.dead_letters import ReplayPlan, replay_one, replay_selection
@@ -101,23 +103,25 @@ def show(ctx: typer.Context, delivery_id: int,
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Everything an entry keeps: snapshot, reason, verbatim response, attempt history."""
 
-    async def _show(store: Store) -> DeadLetter | None:
-        return await store.dead_letter(delivery_id)
+    async def _show(store: Store) -> tuple[DeadLetter | None, tuple[Attachment, ...]]:
+        parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+        return await store.dead_letter(delivery_id), parts
 
-    entry = run_with_store(ctx, _show)
+    entry, parts = run_with_store(ctx, _show)
     if entry is None:
         console.print(f"no dead letter for delivery {delivery_id}")
         raise typer.Exit(1)
     data = {**entry_json(entry), "snapshot": entry.snapshot,
             "attempt_history": entry.attempt_history, "replayed_by": entry.replayed_by,
-            "discard_reason": entry.discard_reason}
+            "discard_reason": entry.discard_reason,
+            "attachments": [part.describe() for part in parts]}
     if as_json:
         print(json.dumps(data, default=str))
     else:
-        _print_entry(entry)
+        _print_entry(entry, parts)
 
 
-def _print_entry(entry: DeadLetter) -> None:
+def _print_entry(entry: DeadLetter, parts: tuple[Attachment, ...] = ()) -> None:
     """``dlq show`` for a person: what it was, why it died, what was tried, what was done."""
     snap = entry.snapshot
     state = f"open ({entry.delivery_state})" if entry.discarded_at is None else "discarded"
@@ -131,6 +135,8 @@ def _print_entry(entry: DeadLetter) -> None:
          if snap.get("template_id") else None),
         ("import", snap.get("import_id")), ("created", snap.get("created_at")),
         ("expires", snap.get("expires_at")), ("attempts", snap.get("attempts")),
+        ("attachments", ", ".join(f"{p.filename} ({p.content_type}, {p.size:,} bytes)"
+                                  for p in parts) or None),
         ("replays", entry.replay_count), ("replayed by", entry.replayed_by),
         ("discarded", f"{when(entry.discarded_at)}: {entry.discard_reason}"
          if entry.discarded_at else None),
@@ -211,6 +217,31 @@ def discard(ctx: typer.Context, delivery_id: int,
     console.print(f"discarded dead letter {delivery_id}: {reason}")
 
 
+async def _pair_of(store: Store, delivery: Delivery) -> dict[str, Any] | None:
+    """The SMS fallback pair ``delivery`` belongs to, with a line saying what the other
+    half is and where it stands."""
+    pair = await store.sms_fallback_pair(delivery.id)
+    if pair is None:
+        return None
+    data: dict[str, Any] = {"email_id": pair.email_id, "sms_id": pair.sms_id,
+                            "reason": pair.reason, "created_at": pair.created_at.isoformat()}
+    if pair.sms_id is None:
+        data["line"] = f"sms fallback: none sent (the policy does not fall back on {pair.reason})"
+        return data
+    other_id = pair.sms_id if delivery.id == pair.email_id else pair.email_id
+    other = await store.get(other_id)
+    state = str(other.state) if other is not None else "pruned"
+    if delivery.id == pair.email_id:
+        sms = other.metadata.get("sms", {}) if other is not None else {}
+        data["line"] = (f"sms fallback ({pair.reason}): delivery {other_id} "
+                        f"key={other.key if other else '?'} state={state} "
+                        f"{sms.get('encoding', '?')} {sms.get('segments', '?')} segment(s)")
+    else:
+        data["line"] = (f"fallback of ({pair.reason}): delivery {other_id} "
+                        f"key={other.key if other else '?'} state={state}")
+    return data
+
+
 def timeline(
     ctx: typer.Context,
     id_or_key: Annotated[str | None, typer.Argument(
@@ -226,7 +257,7 @@ def timeline(
     if (id_or_key is None) == (recipient is None and import_id is None):
         raise typer.BadParameter("give an id or key, or --recipient / --import")
 
-    async def _timelines(store: Store) -> list[tuple[Any, list[Event]]]:
+    async def _timelines(store: Store) -> list[tuple[Any, list[Event], dict[str, Any] | None]]:
         if id_or_key is not None:
             delivery = await store.get(id_or_key)
             if delivery is None and id_or_key.isdigit():
@@ -235,21 +266,24 @@ def timeline(
         else:
             found = await store.find_deliveries(recipient=recipient, import_id=import_id,
                                                 limit=limit)
-        return [(d, await store.timeline(d.id)) for d in found]
+        return [(d, await store.timeline(d.id), await _pair_of(store, d)) for d in found]
 
     timelines = run_with_store(ctx, _timelines)
     if not timelines:
         console.print("no matching delivery")
         raise typer.Exit(1)
     if as_json:
-        print(json.dumps([{"delivery": delivery_json(d), "events": [
+        print(json.dumps([{"delivery": delivery_json(d), "fallback": pair, "events": [
             {"at": e.at.isoformat(), "kind": e.kind, "state": e.state, "data": e.data}
-            for e in events]} for d, events in timelines]))
+            for e in events]} for d, events, pair in timelines]))
         return
-    for delivery, events in timelines:
+    for delivery, events, pair in timelines:
         console.print(f"delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
-                      f"to={redact_address(delivery.recipient)} state={delivery.state} "
-                      f"attempts={delivery.attempts}", markup=False, highlight=False)
+                      f"channel={delivery.channel} to={redact_address(delivery.recipient)} "
+                      f"state={delivery.state} attempts={delivery.attempts}",
+                      markup=False, highlight=False)
+        if pair is not None:
+            console.print(f"  {pair['line']}", markup=False, highlight=False)
         for e in events:
             data = " ".join(f"{k}={v}" for k, v in e.data.items() if k != "traceback")
             console.print(f"  {e.at.strftime('%H:%M:%S.%f')[:-3]}  {e.kind:<16} "

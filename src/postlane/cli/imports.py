@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from postlane.cli.shell import console, err_console, run_with_store, table, when
-from postlane.core.records import Control, ImportRecord
+from postlane.core.records import Control, ImportCanary, ImportRecord
 from postlane.errors import ImportRejected, PostlaneError
 from postlane.imports import (
     DEFAULT_BATCH_SIZE,
@@ -52,9 +55,25 @@ def import_(
     max_skipped: Annotated[int, typer.Option(
         min=0, help="Bad rows tolerated: past this many, exit with status 4 (the good rows "
                     "are imported either way).")] = 0,
+    canary: Annotated[int | None, typer.Option(
+        min=1, help="Send the first N deliveries first and hold the rest until they are "
+                    "sent; a canary delivery that dead-letters pauses the import with the "
+                    "reason.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    attachments: Annotated[str | None, typer.Option(
+        "--attachments", metavar="MODULE",
+        help="A Python module to import first: it declares the template's attachments "
+             "(postlane.templates.declare_attachments), rendered for every row.")] = None,
 ) -> None:
     """Enqueue one templated delivery per row (key <template>:<user_id>:<import-id>)."""
+    if attachments is not None:
+        if os.getcwd() not in sys.path:  # the application's modules, as `python -m` sees them
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(attachments)
+        except Exception as exc:
+            raise typer.BadParameter(f"cannot import {attachments!r}: {type(exc).__name__}: "
+                                     f"{exc}", param_hint="--attachments") from None
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
         console=err_console, disable=not err_console.is_terminal, transient=False,
@@ -72,7 +91,7 @@ def import_(
             with progress:
                 return await import_csv(store, file, template=template, import_id=import_id,
                                         strict=strict, batch_size=batch_size, lane=lane,
-                                        on_progress=on_progress)
+                                        on_progress=on_progress, canary=canary)
         except ImportRejected as exc:
             _print_problems(exc.problems, len(exc.problems))
             raise
@@ -87,6 +106,9 @@ def import_(
             f"{report.rows_enqueued} enqueued ({report.rows_created} new), "
             f"{report.rows_skipped} skipped; template {report.template} "
             f"v{report.template_version}; {report.elapsed_s:.1f}s ({rate:,.0f} rows/s)")
+        if canary is not None:
+            console.print(f"canary: the first {canary} go now; the rest is held until they "
+                          f"are sent (postlane imports show {report.import_id})")
     _print_problems([(p.line, p.reason) for p in report.problems], report.rows_skipped)
     if report.rows_skipped > max_skipped:
         err_console.print(f"[red]error:[/red] {report.rows_skipped} row(s) skipped "
@@ -127,6 +149,10 @@ def show(
     console.print(title + ("  [red]FAILED[/red]" if status.failed else ""))
     if status.failed:
         console.print(f"[red]failed:[/red] {escape(status.failed)}")
+    if status.paused_because:
+        console.print(f"[yellow]paused:[/yellow] {escape(status.paused_because)}")
+    if status.canary is not None:
+        console.print(_canary_line(status.canary))
     record = status.record
     if record is not None:
         finished = (f"stopped {_t(record.finished_at)}" if status.failed and record.finished_at
@@ -206,13 +232,25 @@ def pause_cmd(ctx: typer.Context,
 @imports.command("resume")
 def resume_cmd(ctx: typer.Context,
                import_id: Annotated[str, typer.Argument(help="The import id.")]) -> None:
-    """Let workers claim this import's deliveries again."""
+    """Let workers claim this import's deliveries again (after a failed canary: the
+    deliveries held behind it too)."""
 
-    async def _resume(store: Store) -> None:
-        await resume(store, import_id)
+    async def _resume(store: Store) -> int:
+        return await resume(store, import_id)
 
-    run_with_store(ctx, _resume)
-    console.print(f"import {import_id} resumed")
+    released = run_with_store(ctx, _resume)
+    console.print(f"import {import_id} resumed" + (
+        f"; {released} deliveries held behind its failed canary released" if released else ""))
+
+
+def _canary_line(canary: ImportCanary) -> str:
+    colour = {"waiting": "yellow", "passed": "green", "failed": "red"}.get(canary.state, "cyan")
+    states = ", ".join(f"{n} {s}" for s, n in sorted(canary.states.items()) if n) or "none yet"
+    line = (f"canary: [{colour}]{canary.state}[/{colour}] ({canary.size} first: {states}); "
+            f"{canary.held} held")
+    if canary.reason:
+        line += f"; {escape(canary.reason)}"
+    return line
 
 
 def _record_json(r: ImportRecord) -> dict[str, Any]:

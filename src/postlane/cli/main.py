@@ -16,6 +16,8 @@ import typer
 from rich.markup import escape
 
 from postlane.cli import apikeys as apikeys_cli
+from postlane.cli import bounces as bounces_cli
+from postlane.cli import callbacks as callbacks_cli
 from postlane.cli import check as check_cli
 from postlane.cli import demo as demo_cli
 from postlane.cli import dlq as dlq_cli
@@ -38,8 +40,10 @@ from postlane.cli.shell import (
     run_with_store,
     table,
 )
+from postlane.core.fallback import with_sms_fallback
 from postlane.core.message import Delivery, Message
-from postlane.errors import MissingExtra
+from postlane.core.sms import sms_message
+from postlane.errors import InvalidMessage, MissingExtra
 from postlane.logs import LOG_FORMATS
 from postlane.status import breaker_reason, fleet_status
 from postlane.store import DATABASE_URL_ENV, Store, database_url
@@ -98,7 +102,7 @@ def migrate(ctx: typer.Context) -> None:
 @app.command()
 def enqueue(
     ctx: typer.Context,
-    to: Annotated[str, typer.Option(help="Recipient address.")],
+    to: Annotated[str, typer.Option(help="Recipient address (an E.164 number for SMS).")],
     key: Annotated[str, typer.Option(help="Idempotency key, derived from the business event.")],
     lane: Annotated[str, typer.Option(help="Lane: interactive or bulk.")] = "interactive",
     subject: Annotated[str, typer.Option(help="Subject line.")] = "",
@@ -107,11 +111,22 @@ def enqueue(
     sender: Annotated[str | None, typer.Option("--from", help="Sender address.")] = None,
     expires_in: Annotated[timedelta | None, duration_option(
         help="Validity window, e.g. 15m; no retry is scheduled past it.")] = None,
+    channel: Annotated[str, typer.Option(
+        help="email, or sms (an SMS worker sends it; its segments are recorded).")] = "email",
+    sms_fallback_to: Annotated[str | None, typer.Option(
+        help="An email's SMS fallback: the number (with --sms-fallback-text; docs/sms.md).")
+    ] = None,
+    sms_fallback_text: Annotated[str | None, typer.Option(
+        help="An email's SMS fallback: the text.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the delivery as JSON.")] = False,
 ) -> None:
     """Queue one message (durable when this returns)."""
-    message = Message(key=key, to=to, subject=subject, text=text, html=html, lane=lane,
-                      sender=sender, expires_in=expires_in)
+    try:
+        message = _message(key=key, to=to, subject=subject, text=text, html=html, lane=lane,
+                           sender=sender, expires_in=expires_in, channel=channel,
+                           fallback=(sms_fallback_to, sms_fallback_text))
+    except InvalidMessage as exc:
+        raise typer.BadParameter(str(exc)) from None
 
     async def _enqueue(store: Store) -> tuple[bool, Delivery]:
         result = await store.enqueue(message)
@@ -126,6 +141,25 @@ def enqueue(
         verb = "queued" if created else "already queued (same key)"
         console.print(f"{verb}: delivery {delivery.id} key={delivery.key} lane={delivery.lane} "
                       f"state={delivery.state}")
+
+
+def _message(*, channel: str, fallback: tuple[str | None, str | None],
+             **fields: Any) -> Message:
+    """The message ``postlane enqueue`` was asked for: an email (with its SMS fallback, when
+    given) or an SMS with its segments recorded."""
+    fallback_to, fallback_text = fallback
+    if channel == "sms":
+        if fallback_to or fallback_text:
+            raise InvalidMessage("--sms-fallback-* belong to an email, not to an SMS")
+        return sms_message(key=fields["key"], to=fields["to"], text=fields["text"] or "",
+                           lane=fields["lane"], expires_in=fields["expires_in"])
+    message = Message(channel=channel, **fields)
+    if fallback_to or fallback_text:
+        if not (fallback_to and fallback_text):
+            raise InvalidMessage("an SMS fallback needs --sms-fallback-to and "
+                                 "--sms-fallback-text")
+        message = with_sms_fallback(message, to=fallback_to, text=fallback_text)
+    return message
 
 
 @app.command()
@@ -152,6 +186,13 @@ def status(
                                   or "(nothing active)"))
     dead = stats["dead_letters"]
     console.print("dead letters: " + ("  ".join(f"{k}={v}" for k, v in dead.items()) or "0"))
+    channels = stats["pending_by_channel"]
+    if set(channels) - {"email"}:  # a channel needs a worker of its own (--provider)
+        console.print("pending by channel: " + "  ".join(f"{k}={v}" for k, v in
+                                                         sorted(channels.items())))
+    if stats["sms_fallbacks"]:
+        console.print("sms fallbacks: " + "  ".join(f"{k}={v}" for k, v in
+                                                    sorted(stats["sms_fallbacks"].items())))
     if stats["paused_lanes"] or stats["paused_imports"]:
         console.print(f"[yellow]paused:[/yellow] lanes "
                       f"{escape(', '.join(stats['paused_lanes']) or 'none')}; imports "
@@ -159,6 +200,32 @@ def status(
     for account, record in stats["breakers"].items():
         console.print(f"[red]breaker {account}: {record['state']}[/red] "
                       f"({escape(breaker_reason(record))})")
+    _print_deliverability(stats["deliverability"])
+
+
+def _print_deliverability(figures: dict[str, Any]) -> None:
+    """Bounces and complaints per lane with their rates, and a line for each rate over the
+    limit a provider would act on."""
+    hours = figures["window_s"] / 3600
+    grid = table("lane", "sent", "bounced", "complained", "soft", "unsub",
+                 title=f"deliverability (last {hours:g} h)",
+                 right=("sent", "bounced", "complained", "soft", "unsub"), keep=("lane",))
+    over = []
+    for name, lane in figures["lanes"].items():
+        bounce, complaint = lane["bounce_rate"], lane["complaint_rate"]
+        grid.add_row(name, str(lane["sent"]), f"{lane['bounced']} ({bounce:.2%})",
+                     f"{lane['complained']} ({complaint:.2%})", str(lane["soft_bounced"]),
+                     str(lane["unsubscribed"]))
+        if bounce > figures["bounce_rate_limit"]:
+            over.append(f"{name}: bounce rate {bounce:.2%} is over "
+                        f"{figures['bounce_rate_limit']:.0%}")
+        if complaint > figures["complaint_rate_limit"]:
+            over.append(f"{name}: complaint rate {complaint:.2%} is over "
+                        f"{figures['complaint_rate_limit']:.1%}")
+    console.print(grid)
+    for line in over:
+        console.print(f"[red]{escape(line)}[/red] (providers review or pause senders there; "
+                      "see docs/deliverability.md)")
 
 
 @app.command()
@@ -193,8 +260,10 @@ app.add_typer(templates_cli.templates, name="templates")
 app.command("import")(imports_cli.import_)
 app.add_typer(imports_cli.imports, name="imports")
 app.add_typer(suppress_cli.suppress, name="suppress")
+app.add_typer(bounces_cli.bounces, name="bounces")
 app.command()(serve_cli.serve)
 app.add_typer(apikeys_cli.apikey, name="apikey")
+app.add_typer(callbacks_cli.callbacks, name="callbacks")
 
 __all__ = ["Context", "app", "console", "delivery_json", "err_console", "main", "run_async",
            "run_with_store"]

@@ -41,6 +41,8 @@ def serve(
 
     API keys: `postlane apikey create --scopes send,read,operate`. Dashboard sessions are
     signed with $POSTLANE_SESSION_SECRET (set it when several servers share an address).
+    One-click unsubscribe links (/unsubscribe/TOKEN) verify with
+    $POSTLANE_UNSUBSCRIBE_SECRET (docs/deliverability.md).
     """
     with requires("server", "postlane serve"):
         import uvicorn
@@ -61,9 +63,12 @@ def serve(
         tracing.enable_from_env()  # POSTLANE_TRACING=otel
     except (ConfigurationError, MissingExtra) as exc:
         raise typer.BadParameter(str(exc), param_hint=tracing.ENV) from None
-    app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
-                     sample_interval_s=sample_interval.total_seconds(),
-                     cookie_secure=secure_cookies)
+    try:
+        app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
+                         sample_interval_s=sample_interval.total_seconds(),
+                         cookie_secure=secure_cookies)
+    except ConfigurationError as exc:  # the environment: unsubscribe secret, soft bounces
+        raise typer.BadParameter(str(exc)) from None
     # log_config=None: uvicorn's own lines go through the handler configured above, in the
     # chosen format, instead of a second set of handlers of uvicorn's.
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), proxy_headers=False,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
 
+from postlane.cli.durations import positive_duration
 from postlane.cli.shell import console, ids, run_with_store, table, when
 from postlane.core.records import Suppression
 from postlane.core.redaction import mask_address
@@ -14,7 +16,8 @@ from postlane.core.validation import check_address
 from postlane.errors import InvalidAddress
 from postlane.store.base import Store
 
-suppress = typer.Typer(help="The suppression list: hard bounces and complaints.",
+suppress = typer.Typer(help="The suppression list: hard bounces, complaints, unsubscribes, "
+                            "repeated soft bounces (for a while).",
                        no_args_is_help=True, rich_markup_mode=None)
 
 
@@ -30,15 +33,25 @@ def list_(ctx: typer.Context,
     rows = run_with_store(ctx, _list)
     if as_json:
         print(json.dumps([{"address": r.address, "stream": r.stream, "reason": r.reason,
-                           "delivery_id": r.delivery_id, "created_at": r.created_at.isoformat()}
+                           "delivery_id": r.delivery_id, "created_at": r.created_at.isoformat(),
+                           "source_event": r.source_event,
+                           "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                           "active": r.active(datetime.now(UTC))}
                           for r in rows]))
         return
-    grid = table("address", "stream", "reason", "delivery", "since (UTC)",
-                 title=f"suppressions ({len(rows)})", right=("delivery",), keep=("address",))
+    grid = table("address", "stream", "reason", "since (UTC)", "until (UTC)",
+                 title=f"suppressions ({len(rows)})", keep=("address",))
+    now = datetime.now(UTC)
     for r in rows:
+        until = ("removed" if r.expires_at is None
+                 else when(r.expires_at) + ("" if r.active(now) else " (over)"))
         grid.add_row(r.address if address else mask_address(r.address), r.stream, r.reason,
-                     str(r.delivery_id or ""), when(r.created_at))
+                     when(r.created_at), until)
     console.print(grid)
+    for r in rows if address else ():
+        console.print(f"{r.stream}: from {r.source_event or 'an operator'}"
+                      + (f", delivery {r.delivery_id}" if r.delivery_id else ""),
+                      markup=False, highlight=False)
     if rows and not address:
         console.print("addresses are masked (#: a hash of the whole address); "
                       "--address ADDRESS shows one in full", style="dim")
@@ -47,7 +60,11 @@ def list_(ctx: typer.Context,
 @suppress.command()
 def add(ctx: typer.Context, address: str,
         stream: Annotated[str, typer.Option(help="A lane, or * for every lane.")] = "*",
-        reason: Annotated[str, typer.Option(help="Why.")] = "operator") -> None:
+        reason: Annotated[str, typer.Option(help="Why.")] = "operator",
+        for_: Annotated[timedelta | None, typer.Option(
+            "--for", parser=positive_duration, metavar="DURATION",
+            help="Only for this long (e.g. 7d); default: until removed.")] = None,
+        ) -> None:
     """Stop sending to ADDRESS."""
     try:
         check_address(address, field="address")
@@ -55,7 +72,7 @@ def add(ctx: typer.Context, address: str,
         raise typer.BadParameter(str(exc)) from None
 
     async def _add(store: Store) -> bool:
-        return await store.suppress(address, stream, reason)
+        return await store.suppress(address, stream, reason, expires_in=for_)
 
     created = run_with_store(ctx, _add)
     console.print("suppressed" if created else "already suppressed")

@@ -12,14 +12,23 @@ import typer
 from rich.markup import escape
 
 from postlane import tracing
+from postlane.callbacks import CallbackSender
 from postlane.cli.durations import duration_option, lane_durations_option
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, parse_lane_shares, with_lane_timings
-from postlane.core.rates import parse_limits, parse_rate
+from postlane.core.lanes import (
+    DEFAULT_LANES,
+    LaneConfig,
+    parse_lane_shares,
+    with_bulk_lanes,
+    with_lane_policies,
+    with_lane_timings,
+)
+from postlane.core.rates import Limits, parse_limits, parse_rate
+from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import ConfigurationError, MissingExtra
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
 from postlane.limiter.auto import QuotaShape, apply_limits, ceilings_of, follow_limits
 from postlane.logs import configure_logging, log_effective_configuration
-from postlane.providers.base import no_account_limits, reports_account_limits
+from postlane.providers.base import Provider, no_account_limits, reports_account_limits
 from postlane.providers.registry import open_provider
 from postlane.store import Store, open_store
 from postlane.store.migrations import ensure_migrated
@@ -38,8 +47,18 @@ def worker(
     ctx: typer.Context,
     provider: Annotated[str, typer.Option(
         envvar="POSTLANE_PROVIDER", show_envvar=True,
-        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://... "
+        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://...; for SMS "
+             "sandbox-sms:// or twilio://. A worker claims only its provider's channel. "
              "Secrets belong in the environment, not on the command line.")],
+    fallback: Annotated[list[str] | None, typer.Option(
+        envvar="POSTLANE_FALLBACK", show_envvar=True,
+        help="A provider URL to fail over to while the one before it is down (its breaker "
+             "open, or account trouble); repeat for more, in order. Only what certainly did "
+             "not reach a provider moves on (docs/failover.md).")] = None,
+    fallback_rate: Annotated[list[str] | None, typer.Option(
+        envvar="POSTLANE_FALLBACK_RATE", show_envvar=True,
+        help="The ceiling of each --fallback, in the same order (200/s, 50000/d, "
+             "14/s,50000/d; 'none' for no limit). Unset: no limit.")] = None,
     rate: Annotated[str | None, typer.Option(
         envvar="POSTLANE_RATE", show_envvar=True,
         help="The provider account's ceiling: 200/s; a daily quota 50000/d; both "
@@ -69,6 +88,24 @@ def worker(
     lanes: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANES", show_envvar=True,
         help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
+    bulk_lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_BULK_LANES", show_envvar=True,
+        help="Lanes of mail people subscribed to (comma-separated; '' for none): their "
+             "messages carry one-click List-Unsubscribe headers, transactional lanes never "
+             "[default: bulk].")] = None,
+    unsubscribe_url: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_URL", show_envvar=True,
+        help="Public https base URL of `postlane serve` for one-click unsubscribe links "
+             "(…/unsubscribe/TOKEN); tokens are signed with $POSTLANE_UNSUBSCRIBE_SECRET. "
+             "Unset: bulk mail goes without the headers.")] = None,
+    unsubscribe_mailto: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_MAILTO", show_envvar=True,
+        help="Address for the mailto form of List-Unsubscribe (read by `postlane bounces "
+             "maildir` or the smtp webhook).")] = None,
+    unsubscribe_exempt: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_EXEMPT", show_envvar=True,
+        help="Templates whose messages never carry List-Unsubscribe, even in a bulk lane "
+             "(comma-separated).")] = None,
     batch_size: Annotated[int, typer.Option(envvar="POSTLANE_BATCH_SIZE", show_envvar=True,
                                             help="Most deliveries per claim.")] = 100,
     lease: Annotated[timedelta, duration_option(
@@ -89,12 +126,28 @@ def worker(
         envvar="POSTLANE_RETRY_CAP", show_envvar=True,
         help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
              "[default: interactive 30s, bulk 5m].")] = None,
+    retry_budget: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
+        help="Fraction of a message's validity window (enqueue to expiry) its retries may "
+             "use, per lane (interactive=0.5,bulk=0.8) or one for every lane; a retry that "
+             "would start later is not made: dead-lettered as budget_exhausted "
+             "[default: 0.667].")] = None,
+    sms_fallback: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_SMS_FALLBACK", show_envvar=True,
+        help="When an email that carries an SMS fallback gets it, per lane: triggers joined "
+             "by +, from dead, expired and unsent@TIME (still unsent that long after "
+             "enqueue), or none; e.g. interactive=dead+expired+unsent@2m,bulk=none "
+             "[default: dead+expired].")] = None,
     grace: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_GRACE", show_envvar=True,
         help="On SIGTERM, how long in-flight sends may finish.")
     ] = "10s",  # type: ignore[assignment]
     drain: Annotated[bool, typer.Option(
         help="Exit once nothing is pending or in flight.")] = False,
+    callbacks: Annotated[bool, typer.Option(
+        envvar="POSTLANE_CALLBACKS", show_envvar=True,
+        help="Post the status callbacks the application registered (`postlane callbacks "
+             "add`); every worker shares the work.")] = True,
     drain_timeout: Annotated[timedelta, duration_option(
         positive=True, envvar="POSTLANE_DRAIN_TIMEOUT", show_envvar=True,
         help="With --drain: give up after this long (a provider that stays down, an open "
@@ -112,31 +165,35 @@ def worker(
     """Run a dispatch worker until SIGTERM/SIGINT (or, with --drain, until all is done)."""
     try:
         configure_logging(log_level, ctx.obj.log_format)
+        lane_configs = with_lane_policies(
+            with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
+                              retry_base=retry_base, retry_cap=retry_cap),
+            retry_budget=retry_budget, sms_fallback=sms_fallback)
+        if bulk_lanes is not None:
+            lane_configs = with_bulk_lanes(lane_configs, bulk_lanes)
+        exempt = {t.strip() for t in (unsubscribe_exempt or "").split(",") if t.strip()}
         config = WorkerConfig(
-            concurrency=concurrency, batch_size=batch_size,
-            lanes=with_lane_timings(_lanes(lanes), attempt_timeout=attempt_timeout,
-                                    retry_base=retry_base, retry_cap=retry_cap),
+            concurrency=concurrency, batch_size=batch_size, lanes=lane_configs,
             lease=lease, grace_s=grace.total_seconds(), drain=drain,
+            unsubscribe=UnsubscribeConfig.from_env(unsubscribe_url, unsubscribe_mailto, exempt),
         )
         limits = parse_limits(rate) if rate else None
         shape = QuotaShape(burst=quota_burst, reserve=quota_reserve)
+        if not 0 <= headroom < 0.5:
+            raise ConfigurationError("--headroom must be in [0, 0.5)")
         provider_obj = open_provider(provider)
         limiter_obj = None
         if limits is not None:
-            if not 0 <= headroom < 0.5:
-                raise ConfigurationError("--headroom must be in [0, 0.5)")
             if limits.auto:
                 if not reports_account_limits(provider_obj):
                     raise ConfigurationError(no_account_limits(provider_obj))
             else:
-                quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
-                         if limits.per_day is not None else None)
-                per_second = (limits.per_second * (1 - headroom)
-                              if limits.per_second is not None else None)
-                limiter_obj = open_limiter(limiter, rate=per_second, burst=burst, quota=quota,
-                                           account=provider_obj.account)
+                limiter_obj = _fixed_limiter(limits, provider_obj, limiter, burst=burst,
+                                             headroom=headroom, shape=shape)
         elif limiter:
             raise ConfigurationError("--limiter needs --rate (the ceiling to enforce)")
+        fallbacks = _fallbacks(fallback or [], fallback_rate or [], limiter, burst=burst,
+                               headroom=headroom, shape=shape)
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from None
     log_effective_configuration(logging.getLogger("postlane.worker"), "worker",
@@ -172,7 +229,9 @@ def worker(
                 limiter_obj, provider_obj.account_limits, headroom=headroom, shape=shape))
         async with open_store(ctx.obj.db) as store:
             ensure_migrated(await store.pending_migrations())
-            instance = Worker(store, provider_obj, limiter=limiter_obj, config=config)
+            sender = CallbackSender(store) if callbacks else None
+            instance = Worker(store, provider_obj, limiter=limiter_obj, fallbacks=fallbacks,
+                              callbacks=sender, config=config)
             exporter = None
             if metrics_port is not None:
                 from postlane.metrics import WorkerMetrics
@@ -191,8 +250,9 @@ def worker(
                     follower.cancel()
                 if exporter is not None:
                     exporter.shutdown()
-                if limiter_obj is not None:
-                    await limiter_obj.close()
+                for made in [limiter_obj, *(lim for _, lim in fallbacks)]:
+                    if made is not None:
+                        await made.close()
 
     from postlane.cli.shell import err_console, run_async
 
@@ -200,6 +260,37 @@ def worker(
     if result is not None and not result.drained:
         err_console.print(f"[red]error:[/red] {escape(result.reason)}")
         raise typer.Exit(EXIT_DRAIN_GAVE_UP)
+
+
+def _fixed_limiter(limits: Limits, provider: Provider, url: str | None, *, burst: int,
+                   headroom: float, shape: QuotaShape) -> RateLimiter:
+    """The limiter of a fixed ceiling (per second, per day or both), keyed by the account."""
+    quota = (DailyQuota(limits.per_day, burst=shape.burst, reserve=shape.reserve)
+             if limits.per_day is not None else None)
+    per_second = limits.per_second * (1 - headroom) if limits.per_second is not None else None
+    return open_limiter(url, rate=per_second, burst=burst, quota=quota, account=provider.account)
+
+
+def _fallbacks(urls: list[str], rates: list[str], limiter: str | None, *, burst: int,
+               headroom: float, shape: QuotaShape) -> list[tuple[Provider, RateLimiter | None]]:
+    """The fallback providers, in order, each with its own ceiling (``--fallback-rate``)."""
+    if len(rates) > len(urls):
+        raise ConfigurationError(f"{len(rates)} --fallback-rate for {len(urls)} --fallback: "
+                                 "give one rate per fallback, in the same order")
+    made: list[tuple[Provider, RateLimiter | None]] = []
+    for index, url in enumerate(urls):
+        provider = open_provider(url)
+        text = rates[index] if index < len(rates) else "none"
+        if text.strip().lower() == "none":
+            made.append((provider, None))
+            continue
+        limits = parse_limits(text)
+        if limits.auto:
+            raise ConfigurationError("--fallback-rate auto is not supported: give the "
+                                     "fallback's ceiling (e.g. 50/s)")
+        made.append((provider, _fixed_limiter(limits, provider, limiter, burst=burst,
+                                              headroom=headroom, shape=shape)))
+    return made
 
 
 def pause(

@@ -19,6 +19,7 @@ outcomes, timelines and logs, where recipient addresses are not written out.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import unicodedata
 from functools import lru_cache
@@ -100,3 +101,31 @@ def wire_address(address: str, *, field: str, utf8: bool, transport: str) -> str
         return address
     return f"{local}@{ascii_domain(domain, field=field)}"
 
+
+
+def suppression_address(address: str) -> str:
+    """The one spelling the suppression list keeps for an address: lowered, the domain in
+    A-labels, so ``anna@bücher.de`` and ``anna@xn--bcher-kva.de`` (the form a provider's
+    bounce names) are one entry. A domain that is not valid IDNA stays as given, lowered."""
+    local, domain = split_address(address.lower())
+    if domain.isascii() or domain.startswith("["):
+        return f"{local}@{domain}" if domain else local
+    try:
+        return f"{local}@{_alabels(domain)}"
+    except UnicodeError:
+        return f"{local}@{domain}"
+
+
+def address_spellings(address: str) -> list[str]:
+    """The lowered spellings a recipient of ``address``'s mailbox may be stored under:
+    the domain in A-labels and in Unicode (for finding deliveries, which keep the address
+    as enqueued)."""
+    canonical = suppression_address(address)
+    local, domain = split_address(canonical)
+    spellings = [canonical]
+    if "xn--" in domain:
+        import idna
+
+        with contextlib.suppress(UnicodeError):
+            spellings.append(f"{local}@{idna.decode(domain)}")
+    return spellings

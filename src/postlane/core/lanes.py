@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Literal
 
 from postlane.core.durations import parse_duration
+from postlane.core.fallback import DEFAULT_FALLBACK, FallbackPolicy, parse_policy
 from postlane.errors import ConfigurationError
 
 AmbiguityPolicy = Literal["hold", "resend"]
@@ -44,13 +45,25 @@ class LaneConfig:
     attempt_timeout_s: float | None = None
     """Longest wait for the provider's answer to one attempt; past it the attempt is
     ambiguous. None: the worker's ``attempt_timeout_s``."""
+    bulk: bool = False
+    """Mail people subscribed to rather than asked for (digests, newsletters): its messages
+    carry one-click unsubscribe headers (``core.unsubscribe``). Transactional lanes never
+    do. The default ``bulk`` lane is bulk; ``--bulk-lanes`` names others."""
+    retry_budget: float = 2 / 3
+    """Fraction of a message's validity window (enqueue to expiry) its retries may use: a
+    retry that would start later is not made, and the message is dead-lettered
+    (``budget_exhausted``) while what is left of the window still lets the user ask again
+    (the seed text: "roughly two-thirds of the token lifetime"). Throttled and account
+    waits spend no attempt and may use the whole window."""
+    sms_fallback: FallbackPolicy = DEFAULT_FALLBACK
+    """When a message of this lane that carries an SMS fallback gets it (``core.fallback``)."""
 
 
 DEFAULT_LANES: tuple[LaneConfig, ...] = (
     LaneConfig("interactive", 0.7, max_attempts=6, default_expiry=timedelta(minutes=15),
                retry_base_s=0.25, retry_cap_s=30.0, attempt_timeout_s=3.0),
     LaneConfig("bulk", 0.3, max_attempts=8, default_expiry=timedelta(hours=24),
-               retry_base_s=1.0, retry_cap_s=300.0, attempt_timeout_s=10.0),
+               retry_base_s=1.0, retry_cap_s=300.0, attempt_timeout_s=10.0, bulk=True),
 )
 
 
@@ -115,6 +128,55 @@ def with_lane_timings(
     return result
 
 
+def with_bulk_lanes(lanes: Sequence[LaneConfig], names: str) -> tuple[LaneConfig, ...]:
+    """The lanes with exactly those named (comma-separated; empty: none) marked bulk."""
+    wanted = {n.strip() for n in names.split(",") if n.strip()}
+    known = {lane.name for lane in lanes}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ConfigurationError(f"--bulk-lanes names {unknown[0]!r}, which is not a "
+                                 f"configured lane ({', '.join(sorted(known))})")
+    return tuple(replace(lane, bulk=lane.name in wanted) for lane in lanes)
+def per_lane_text(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str, str]:
+    """``interactive=X,bulk=Y`` -> ``{lane: text}``; one bare value sets every lane."""
+    names = [lane.name for lane in lanes]
+    if "=" not in text:
+        return dict.fromkeys(names, text.strip())
+    values: dict[str, str] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name.strip() not in names:
+            raise ConfigurationError(f"{what} {part.strip()!r} does not name a configured lane "
+                                     f"({', '.join(names)})")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def with_lane_policies(
+    lanes: Sequence[LaneConfig], *, retry_budget: str | None = None,
+    sms_fallback: str | None = None,
+) -> tuple[LaneConfig, ...]:
+    """The lanes with ``--retry-budget`` (``interactive=0.5``: the fraction of a message's
+    validity window its retries may use) and ``--sms-fallback`` (``interactive=dead+unsent@2m``,
+    ``bulk=none``) applied."""
+    budgets = per_lane_text(retry_budget, lanes, "--retry-budget") if retry_budget else {}
+    fallbacks = per_lane_text(sms_fallback, lanes, "--sms-fallback") if sms_fallback else {}
+    result = []
+    for lane in lanes:
+        budget = lane.retry_budget
+        if lane.name in budgets:
+            try:
+                budget = float(budgets[lane.name])
+            except ValueError:
+                raise ConfigurationError(f"--retry-budget {lane.name}: "
+                                         f"{budgets[lane.name]!r} is not a number") from None
+        policy = (parse_policy(fallbacks[lane.name]) if lane.name in fallbacks
+                  else lane.sms_fallback)
+        result.append(replace(lane, retry_budget=budget, sms_fallback=policy))
+        check_retry_budget(result[-1])
+    return tuple(result)
+
+
 def _positive_seconds(text: str, what: str) -> float:
     try:
         seconds = parse_duration(text).total_seconds()
@@ -139,7 +201,14 @@ def check_lanes(lanes: Sequence[LaneConfig]) -> None:
     for lane in lanes:
         if lane.max_attempts < 1:
             raise ConfigurationError(f"lane {lane.name}: max_attempts must be at least 1")
+        check_retry_budget(lane)
         check_lane_timings(lane)
+
+
+def check_retry_budget(lane: LaneConfig) -> None:
+    if not (math.isfinite(lane.retry_budget) and 0 < lane.retry_budget <= 1):
+        raise ConfigurationError(f"lane {lane.name}: retry_budget must be a fraction in "
+                                 f"(0, 1], got {lane.retry_budget!r}")
 
 
 def check_lane_timings(lane: LaneConfig) -> None:

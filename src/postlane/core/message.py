@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from postlane.core.attachments import Attachment
 from postlane.core.states import State
+from postlane.core.unsubscribe import ListUnsubscribe
 
 DEFAULT_LANE = "interactive"
 EMAIL = "email"
@@ -42,9 +44,13 @@ class Message:
     """Validity window counted from enqueue, on the database clock."""
     delay: timedelta | None = None
     """Do not send before enqueue time plus this."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files, inline parts (``cid:``) and a calendar invite (``postlane.core.attachments``),
+    stored beside the delivery and sent with every attempt and replay."""
 
     def content_size(self) -> int:
-        """Bytes of rendered content, the figure the size limit applies to."""
+        """Bytes of rendered content, the figure the size limit applies to (attachments
+        have limits of their own: ``AttachmentLimits``)."""
         size = (len(self.subject.encode()) + len((self.text or "").encode())
                 + len((self.html or "").encode()))
         for name, value in self.headers.items():
@@ -86,6 +92,12 @@ class Delivery:
     updated_at: datetime
     sent_at: datetime | None
     finished_at: datetime | None
+    attachments: tuple[Attachment, ...] = field(default=(), kw_only=True)
+    """Loaded only when the message is built to send (never by a claim): the worker reads
+    them for the deliveries it is about to send (``WorkerStore.attachments_among``)."""
+    unsubscribe: ListUnsubscribe | None = field(default=None, kw_only=True, compare=False)
+    """Set by the worker, not stored: the one-click unsubscribe headers this send carries
+    (bulk lanes only; ``core.unsubscribe``). Every adapter puts them on the wire."""
 
     def as_message(self) -> Message:
         """The original intent, for replays: same key, same rendered content."""
@@ -104,6 +116,7 @@ class Delivery:
             template_id=self.template_id,
             template_version=self.template_version,
             expires_at=self.expires_at,
+            attachments=self.attachments,
         )
 
 

@@ -190,7 +190,29 @@ def _retry(
     delay = outcome.retry_after_s
     if delay is None:
         delay = backoff_s(attempts_after, policy, rand)
+    budget_end = retry_budget_end(delivery, lane)
+    expires_at = effective_expiry(delivery, lane)
+    seconds_left = None if budget_end is None else (budget_end - now).total_seconds()
+    if (seconds_left is not None and delay > seconds_left and expires_at is not None
+            and delay < (expires_at - now).total_seconds()):
+        # Past the retry budget but still within the validity window: stop while the reader
+        # can still ask for a fresh message (past the window it simply expires, below).
+        return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.BUDGET_EXHAUSTED,
+                        detail={**detail, "why": "the next attempt would start after the "
+                                f"retry budget ({lane.retry_budget:.0%} of the validity window)",
+                                "delay_s": round(delay, 3),
+                                "retry_budget_ends": budget_end.isoformat()
+                                if budget_end is not None else None})
     return _requeue(delivery, lane, now, delay, event, spend=True, detail=detail)
+
+
+def retry_budget_end(delivery: Delivery, lane: LaneConfig) -> datetime | None:
+    """When retries must stop: ``lane.retry_budget`` of the validity window, counted from
+    enqueue. None for a message without an expiry (only the attempt cap bounds it)."""
+    expires_at = effective_expiry(delivery, lane)
+    if expires_at is None:
+        return None
+    return delivery.created_at + (expires_at - delivery.created_at) * lane.retry_budget
 
 
 def _requeue(

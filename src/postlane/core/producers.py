@@ -20,7 +20,9 @@ Producers (the ``producer`` column):
   database;
 - ``apikey:<id>``: a client of the HTTP API, by its API key's id;
 - ``import:<import id>``: a bulk import run (CLI or upload); a re-run or resume of the
-  same import is the same producer.
+  same import is the same producer;
+- ``sms-fallback``: the worker's housekeeping, writing an email's SMS fallback
+  (``sms-fallback:<email key>``, see ``core.fallback``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from postlane.core.message import Message
 from postlane.errors import KeyConflict
 
 APPLICATION: str | None = None
+FALLBACK_PRODUCER = "sms-fallback"
 LEGACY_API = "apikey:?"
 """A delivery the HTTP API wrote before producers were recorded (migration 0006): its key
 is known only by its request hash."""
@@ -55,6 +58,8 @@ def describe(producer: str | None) -> str:
         return "an HTTP API client"
     if producer.startswith("apikey:"):
         return f"HTTP API key #{producer.removeprefix('apikey:')}"
+    if producer == FALLBACK_PRODUCER:
+        return "the SMS fallback of an email"
     if producer.startswith("import:"):
         return f"import {producer.removeprefix('import:')!r}"
     return producer

@@ -7,7 +7,7 @@ without knowing which engine (or whether any database) produced them. The engine
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -214,24 +214,43 @@ FILTER_STATES: tuple[str, ...] = ("queued", "pending", "retrying", *(
 
 # -- provider events and the suppression list ----------------------------------------------
 STATUS_RANK: dict[str, int] = {
-    "deferred": 0, "delivered": 1, "opened": 2, "clicked": 2, "bounced": 3, "complained": 4,
+    "deferred": 0, "soft_bounced": 1, "delivered": 2, "opened": 3, "clicked": 3,
+    "unsubscribed": 4, "rejected": 5, "bounced": 5, "complained": 6,
 }
 """A delivery's provider status only moves up this ladder: a late ``delivered`` after a
 ``bounced`` is recorded in the timeline but does not change the status."""
 
+EVENT_KINDS = frozenset(STATUS_RANK)
+"""The normalised event model every provider's events are mapped to (docs/deliverability.md):
+``delivered``; ``bounced`` (hard: the address does not exist or refuses for good);
+``soft_bounced`` (the message came back for a reason that may pass: a full mailbox, a
+temporary refusal past the relay's retries); ``deferred`` (still being retried by the
+relay, not a bounce); ``complained`` (marked as spam); ``rejected`` (the provider refused to
+send it: a virus, a blocked address, a suppression of its own); ``unsubscribed`` (the
+recipient asked for no more mail of this stream); ``opened``, ``clicked``."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderEvent:
-    """A delivery event a provider reported (by webhook), normalised."""
+    """A delivery event a provider reported (by webhook, DSN or one-click unsubscribe),
+    normalised to one of ``EVENT_KINDS``.
+
+    The delivery it concerns is found by ``delivery_id`` when given (the unsubscribe token
+    carries it), else by ``provider_message_id``, else by ``idempotency_key`` (a bounce
+    that quotes the ``X-Postlane-Key`` header of the message it returns)."""
 
     provider: str
     event_id: str
     kind: str
-    """``delivered``, ``bounced`` (hard), ``deferred`` (soft bounce), ``complained``,
-    ``opened``, ``clicked``."""
     provider_message_id: str | None
     recipient: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    delivery_id: int | None = None
+    idempotency_key: str | None = None
+    lane: str | None = None
+    """The stream the event concerns when the event itself says so (an unsubscribe token);
+    otherwise the lane of the delivery it is attached to. An event found for no delivery
+    and naming no lane only goes into the event log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,28 +261,64 @@ class ProviderEventResult:
     status_changed: bool
     suppressed: str | None = None
     """The address this event put on the suppression list."""
-    lane: str | None = None
-    """The lane of the delivery it was attached to (the metrics count events per lane)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Suppression:
     address: str
     stream: str
-    """The lane it applies to, or ``*`` for every lane."""
+    """The lane it applies to, or ``*`` for every lane (its scope)."""
     reason: str
     delivery_id: int | None
     created_at: datetime
+    source_event: str | None = None
+    """``provider:event_id`` of the event that made it (None: added by an operator)."""
+    expires_at: datetime | None = None
+    """When it stops applying (None: until removed). Repeated soft bounces suppress for a
+    while; hard bounces, complaints and unsubscribes until removed."""
+
+    def active(self, now: datetime) -> bool:
+        return self.expires_at is None or self.expires_at > now
 
 
-def suppression_for(event: ProviderEvent, lane: str) -> tuple[str, str] | None:
-    """(stream, reason) an event suppresses its address for, if any: a hard bounce for
-    every lane (the mailbox does not exist), a complaint for the lane it came through."""
-    if event.kind == "bounced":
-        return "*", "hard bounce"
-    if event.kind == "complained":
-        return lane, "complaint"
-    return None
+@dataclass(frozen=True, slots=True)
+class LaneDeliverability:
+    """What came back for one lane's mail over a window: the figures providers judge a
+    sender by (bounces above about 5 %, complaints above about 0.1 % get accounts paused)."""
+
+    sent: int
+    """Deliveries of the lane accepted by the provider within the window."""
+    events: dict[str, int]
+    """Provider events of the lane received within the window, by kind."""
+
+    @property
+    def bounce_rate(self) -> float:
+        return self.events.get("bounced", 0) / self.sent if self.sent else 0.0
+
+    @property
+    def complaint_rate(self) -> float:
+        return self.events.get("complained", 0) / self.sent if self.sent else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"sent": self.sent, "bounced": self.events.get("bounced", 0),
+                "soft_bounced": self.events.get("soft_bounced", 0),
+                "complained": self.events.get("complained", 0),
+                "unsubscribed": self.events.get("unsubscribed", 0),
+                "bounce_rate": round(self.bounce_rate, 5),
+                "complaint_rate": round(self.complaint_rate, 5)}
+
+
+def deliverability_from_rows(
+    lanes: Iterable[str], sent: Mapping[str, int], events: Sequence[Sequence[Any]],
+) -> dict[str, LaneDeliverability]:
+    """Per lane (every configured one, and any other seen): sent count and events by kind,
+    from rows of (lane, kind, count)."""
+    result = {name: LaneDeliverability(int(sent.get(name, 0)), {}) for name in lanes}
+    for name, count in sent.items():
+        result.setdefault(name, LaneDeliverability(int(count), {}))
+    for name, kind, count in events:
+        result.setdefault(str(name), LaneDeliverability(0, {})).events[str(kind)] = int(count)
+    return result
 
 
 # -- templates -----------------------------------------------------------------------------
@@ -389,3 +444,128 @@ class ApiKey:
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackPair:
+    """An email and the SMS delivery created as its fallback (``core.fallback``)."""
+
+    email_id: int
+    sms_id: int | None
+    """None: the email met a trigger its policy does not fall back on; no SMS was made."""
+    reason: str
+    """The trigger: ``dead``, ``expired`` or ``unsent``."""
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ImportCanary:
+    """An import's canary (``core.canary``): its first deliveries, sent before the rest."""
+
+    import_id: str
+    size: int
+    keys: tuple[str, ...]
+    """The canary deliveries' keys (the first ``size`` valid rows of the file)."""
+    state: str
+    """``waiting``, ``passed``, ``failed`` (the import is paused) or ``released`` (an
+    operator let the rest go)."""
+    reason: str | None
+    created_at: datetime
+    settled_at: datetime | None
+    states: dict[str, int]
+    """The canary deliveries by state."""
+    first_failure: str | None = None
+    """The first canary delivery that died: its key, reason and last response."""
+    held: int = 0
+    """The import's deliveries still held behind the canary."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"size": self.size, "state": self.state, "reason": self.reason,
+                "deliveries": dict(self.states), "held": self.held,
+                "settled_at": self.settled_at.isoformat() if self.settled_at else None}
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStats:
+    """Ready work by channel (a channel without a worker of its own only grows) and the SMS
+    fallbacks created so far by trigger (``no_sms``: decided, none sent)."""
+
+    pending: dict[str, int]
+    fallbacks: dict[str, int]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"pending_by_channel": dict(self.pending), "sms_fallbacks": dict(self.fallbacks)}
+# -- provider failover ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Which provider (its account) an attempt of a delivery went to: reconciliation of an
+    ambiguous attempt must ask that provider, and a delivery ``pinned`` there (ambiguous,
+    settled by the provider's deduplication) is never sent anywhere else."""
+
+    delivery_id: int
+    provider: str
+    attempt: int
+    pinned: bool = False
+
+
+# -- status callbacks ----------------------------------------------------------------------
+CALLBACK_TYPES = ("delivery.sent", "delivery.dead_lettered", "delivery.bounced",
+                  "delivery.complained", "delivery.suppressed")
+"""The event types an application may subscribe to."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackEndpoint:
+    """Where the application receives status callbacks. ``api_key_id`` None: for every
+    delivery; else only for the deliveries that API key produced."""
+
+    id: int
+    url: str
+    api_key_id: int | None
+    events: tuple[str, ...]
+    """Subscribed event types; empty: all of them."""
+    created_at: datetime
+    disabled_at: datetime | None
+    secret: str = field(default="", repr=False)
+    """The signing secret (``whsec_...``); never logged."""
+
+    @property
+    def active(self) -> bool:
+        return self.disabled_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class Callback:
+    """One status callback to one endpoint, as its outbox row holds it."""
+
+    id: int
+    endpoint_id: int
+    event_id: int
+    delivery_id: int
+    type: str
+    payload: Mapping[str, Any]
+    state: str
+    """``pending``, ``sent`` or ``dead``."""
+    attempts: int
+    """Attempts made, the one now claimed included."""
+    last_error: str | None
+    created_at: datetime
+    url: str = ""
+    secret: str = field(default="", repr=False)
+
+    @property
+    def message_id(self) -> str:
+        """The Standard Webhooks ``webhook-id``: the same on every retry and replay."""
+        return f"evt_{self.event_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackResult:
+    """What came of one claimed callback: ``sent``, ``retry`` (after ``delay_s``) or
+    ``dead`` (its budget is spent). Applied only if ``attempts`` still matches the row."""
+
+    id: int
+    attempts: int
+    outcome: str
+    delay_s: float = 0.0
+    error: str | None = None

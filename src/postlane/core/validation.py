@@ -14,14 +14,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from postlane.core import fallback
 from postlane.core.addresses import ascii_domain, unicode_local_problem
+from postlane.core.attachments import AttachmentLimits, check_attachments
 from postlane.core.message import EMAIL, Message
 from postlane.core.redaction import mask_address as mask_address  # re-exported
 from postlane.core.redaction import redact_address as redact_address  # re-exported
 from postlane.core.redaction import redact_addresses as redact_addresses  # re-exported
+from postlane.core.sms import DEFAULT_MAX_SEGMENTS, count_segments
 from postlane.errors import (
     ContentTooLarge,
     InvalidAddress,
+    InvalidAttachment,
     InvalidHeader,
     InvalidKey,
     InvalidMessage,
@@ -55,6 +59,8 @@ class Limits:
 
     lanes: Collection[str] = ("interactive", "bulk")
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
+    attachments: AttachmentLimits = AttachmentLimits()  # noqa: RUF009 (frozen: shared safely)
+    """Per attachment and per message (``docs/content.md`` lists each provider's own)."""
 
 
 def check_address(address: str, *, field: str = "to") -> None:
@@ -203,6 +209,8 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
         if message.text is None and message.html is None:
             raise InvalidMessage("an email needs a text or an html body", field="text")
         check_subject(message.subject)
+        if fallback.METADATA_KEY in message.metadata:
+            check_sms_fallback(message.metadata[fallback.METADATA_KEY], limits)
     elif message.channel == "sms":
         if not _PHONE.match(message.to):
             raise InvalidAddress("to: not an E.164 phone number (e.g. +4915112345678)",
@@ -222,6 +230,29 @@ def validate(message: Message, limits: Limits = Limits()) -> None:
             f"content is {size} bytes, over the limit of {limits.max_content_bytes}",
             field="content",
         )
+    if message.attachments:
+        if message.channel != EMAIL:
+            raise InvalidAttachment("only an email carries attachments", field="attachments")
+        check_attachments(message.attachments, message.html, limits.attachments)
+
+
+def check_sms_fallback(value: object, limits: Limits) -> None:
+    """An email's SMS fallback (``core.fallback``): refused at enqueue, nothing stored, when
+    the SMS it would create could not be (a bad number, a text over the segment limit)."""
+    spec = fallback.parse_spec(value)
+    if not _PHONE.match(spec.to):
+        raise InvalidAddress("sms_fallback.to: not an E.164 phone number (e.g. +4915112345678)",
+                             field="sms_fallback.to")
+    segments = count_segments(spec.text)
+    if segments.segments > DEFAULT_MAX_SEGMENTS:
+        raise InvalidMessage(
+            f"sms_fallback.text is {segments.segments} {segments.encoding} segments "
+            f"({segments.units} units), over the limit of {DEFAULT_MAX_SEGMENTS}",
+            field="sms_fallback.text")
+    check_text(spec.text, field="sms_fallback.text")
+    if spec.lane is not None and spec.lane not in limits.lanes:
+        raise UnknownLane(f"sms_fallback.lane: unknown lane {spec.lane!r}",
+                          field="sms_fallback.lane")
 
 
 # -- what the wire and the database can carry ---------------------------------------------
@@ -242,9 +273,12 @@ ENCODED_WORD_PROBLEM = ("contains RFC 2047 encoded-word syntax (=?charset?q?...?
 
 RESERVED_HEADERS = frozenset({
     "message-id", "content-type", "mime-version", "content-transfer-encoding",
+    "list-unsubscribe", "list-unsubscribe-post",
 })
 """Headers the pipeline sets: the MIME structure and the Message-ID derived from the key
-(every attempt and replay must be the same message)."""
+(every attempt and replay must be the same message), and the one-click unsubscribe pair,
+which carries a signed token only Postlane can make and only bulk lanes carry
+(docs/deliverability.md)."""
 RESERVED_HEADER_PREFIX = "x-postlane-"
 FIELD_HEADERS = {
     "to": "to", "cc": "to", "bcc": "to", "from": "sender", "sender": "sender",
@@ -291,7 +325,9 @@ def check_header_name(name: str) -> None:
     """Refuse a header the pipeline sets itself or a ``Message`` field owns."""
     lower = name.lower()
     if lower in RESERVED_HEADERS or lower.startswith(RESERVED_HEADER_PREFIX):
-        raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given",
+        why = (" (on bulk lanes, with a signed token: see docs/deliverability.md)"
+               if lower.startswith("list-unsubscribe") else "")
+        raise InvalidHeader(f"header {name!r} is set by Postlane and cannot be given{why}",
                             field="headers")
     owner = FIELD_HEADERS.get(lower)
     if owner is not None:

@@ -19,8 +19,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from postlane.api.downloads import attachment_response, stored_part
 from postlane.api.keys import authenticate
-from postlane.api.models import DeadLetterOut, EventOut, MessageOut
+from postlane.api.models import AttachmentOut, DeadLetterOut, EventOut, MessageOut
 from postlane.api.sessions import COOKIE
 from postlane.api.state import AppState, actor, app_state
 from postlane.core.records import ApiKey, DeadLetterFilter
@@ -387,11 +388,26 @@ async def message(request: Request, delivery_id: int, s: Signed) -> HTMLResponse
             "missing": f"no message with id {delivery_id}"}, status_code=404)
     events = await s.store.timeline(delivery.id)
     entry = await s.store.dead_letter(delivery.id)
+    parts = (await s.store.attachments_among([delivery.id])).get(delivery.id, ())
+    pair = await s.store.sms_fallback_pair(delivery.id)
     return render(request, "message.html", {
         "s": s, "m": MessageOut.of(delivery), "events": [EventOut.of(e) for e in events],
-        "dead": DeadLetterOut.of(entry) if entry else None,
+        "dead": DeadLetterOut.of(entry) if entry else None, "pair": pair,
+        "attachments": [AttachmentOut.of(i, p) for i, p in enumerate(parts)],
         "age": timedelta(seconds=max(0.0, time.time() - delivery.created_at.timestamp())),
     })
+
+
+@router.get("/messages/{delivery_id}/attachments/{position}")
+async def attachment(delivery_id: int, position: int, s: Signed) -> Response:
+    """Download a stored part, byte for byte: for operators only (it is the customer's
+    content: a receipt, an invoice), never shown in place."""
+    if not s.can_operate:
+        return Response(f"API key {s.key.name} lacks the 'operate' scope", status_code=403,
+                        media_type="text/plain")
+    if delivery_id >= 2**63:
+        return Response("no such message", status_code=404, media_type="text/plain")
+    return attachment_response(await stored_part(s.store, delivery_id, position))
 
 
 def mount(app: FastAPI) -> None:

@@ -5,12 +5,19 @@ an ``atomic`` block of their own: inside the caller's ``transaction.atomic()`` t
 savepoint of the caller's transaction (the email commits, or rolls back, with the business
 write; a refused email leaves the caller's transaction usable), outside one it commits at
 once. An ``EmailMessage`` becomes one delivery per recipient, see ``deliveries``.
+
+Attachments come along (``parts``): ``attach(filename, content, mimetype)``, ``attach_file``,
+a ``MIMEBase`` part given to ``attach`` (one with a ``Content-ID`` header is an inline part
+the HTML names as ``cid:``), and a ``text/calendar`` alternative of an
+``EmailMultiAlternatives`` (an invite).
 """
 
 from __future__ import annotations
 
+import mimetypes
 import uuid
 from collections.abc import Sequence
+from email.mime.base import MIMEBase
 from email.utils import parseaddr
 from functools import partial
 from typing import Any
@@ -18,6 +25,7 @@ from typing import Any
 from django.core.mail.backends.base import BaseEmailBackend
 from django.core.mail.message import EmailMessage
 
+from postlane.core.attachments import CALENDAR, INLINE, Attachment, calendar_invite
 from postlane.core.message import Message
 from postlane.core.validation import validate
 from postlane.django.conf import PostlaneSettings, postlane_settings
@@ -73,9 +81,6 @@ def deliveries(email: EmailMessage, conf: PostlaneSettings, conn: Any) -> list[M
     email without a key gets a random one: a retried request then sends twice
     (``POSTLANE["REQUIRE_KEY"] = True`` makes a missing key an error instead).
     """
-    if email.attachments:
-        raise InvalidMessage("attachments are not supported yet: link to the file instead",
-                             field="attachments")
     headers = {str(k): str(v) for k, v in email.extra_headers.items()}
     header_key = _pop_header(headers, KEY_HEADER)
     key = getattr(email, "postlane_key", None) or header_key
@@ -103,6 +108,7 @@ def deliveries(email: EmailMessage, conf: PostlaneSettings, conn: Any) -> list[M
         "expires_at": getattr(email, "postlane_expires_at", None),
         "expires_in": getattr(email, "postlane_expires_in", None),
         "delay": getattr(email, "postlane_delay", None),
+        "attachments": parts(email),
     }
     template = getattr(email, "postlane_template", None)
     out = []
@@ -145,8 +151,56 @@ def _bodies(email: EmailMessage) -> tuple[str | None, str | None]:
         text, html = None, email.body
     for alternative in getattr(email, "alternatives", None) or ():
         content, mimetype = alternative[0], alternative[1]
+        if str(mimetype).startswith("text/calendar"):
+            continue  # an invite: one of the parts
         if mimetype != "text/html" or html is not None:
             raise InvalidMessage(f"an alternative of type {mimetype} is not supported (one "
-                                 "text/html alternative is)", field="alternatives")
+                                 "text/html alternative and a text/calendar invite are)",
+                                 field="alternatives")
         html = content.decode() if isinstance(content, bytes) else str(content)
     return text, html
+
+
+def parts(email: EmailMessage) -> tuple[Attachment, ...]:
+    """``email``'s attachments, inline parts and invite as Postlane parts (checked by
+    ``validate`` with the rest of the message)."""
+    found: list[Attachment] = []
+    for alternative in getattr(email, "alternatives", None) or ():
+        content, mimetype = alternative[0], str(alternative[1])
+        if mimetype.startswith("text/calendar"):
+            data = content if isinstance(content, bytes) else str(content).encode("utf-8")
+            invite = calendar_invite(data)
+            found.append(Attachment(invite.filename, data, mimetype, CALENDAR)
+                         if _param(mimetype, "method") else invite)
+    for item in email.attachments:
+        if isinstance(item, MIMEBase):
+            found.append(_mime_part(item))
+            continue
+        filename, content, mimetype = item[0], item[1], item[2]
+        mimetype = mimetype or mimetypes.guess_type(filename or "")[0] or (
+            "text/plain" if isinstance(content, str) else "application/octet-stream")
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        found.append(Attachment(filename or "attachment", data, mimetype))
+    return tuple(found)
+
+
+def _mime_part(part: MIMEBase) -> Attachment:
+    """A ``MIMEBase`` given to ``attach``: with a ``Content-ID``, an inline part."""
+    content_id = part.get("Content-ID")
+    data = part.get_payload(decode=True)
+    if not isinstance(data, bytes):
+        raise InvalidMessage("an attached MIME part must not be multipart", field="attachments")
+    filename = part.get_filename() or (content_id or "").strip("<>") or "attachment"
+    if content_id:
+        return Attachment(filename, data, part.get_content_type(), INLINE,
+                          content_id.strip().strip("<>"))
+    return Attachment(filename, data, part.get_content_type())
+
+
+def _param(mimetype: str, name: str) -> str | None:
+    for param in mimetype.split(";")[1:]:
+        key, _, value = param.partition("=")
+        if key.strip().lower() == name:
+            return value.strip().strip('"')
+    return None
+

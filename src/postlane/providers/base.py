@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from postlane.core.message import Delivery
+from postlane.core.message import EMAIL, Delivery
 from postlane.core.outcomes import Outcome
 from postlane.errors import ConfigurationError, InvalidMessage, MissingSender
 
@@ -35,6 +35,8 @@ class Provider(abc.ABC):
     """Base class of every adapter."""
 
     name: str = "provider"
+    channel: str = EMAIL
+    """What it sends (``email`` or ``sms``): its worker claims only deliveries of this channel."""
     capabilities: Capabilities = Capabilities()
     needs_sender: bool = False
     """A send needs a sender address: the message's own, else ``configured_sender()``."""

@@ -29,13 +29,16 @@ subclasses refine with the provider's own error codes:
     504                          ambiguous (a gateway gave up; the service may have it)
     other 5xx                    transient, with Retry-After when given
 
-The generic adapter, ``http(s)://host/path``, POSTs ``{to, from, subject, text, html,
-headers, metadata}`` as JSON with the key in ``Idempotency-Key`` and a bearer token from
-``POSTLANE_HTTP_TOKEN`` (or the URL's password). The API is declared to deduplicate by key
-(``dedupe=0`` says it does not). Options: ``timeout=10``, ``connect_timeout=5``, ``pool=20``,
-``dedup_window=86400`` (seconds), ``from=ADDR``, ``account=NAME``, ``utf8=1`` (the API takes
-addresses with a Unicode local part; without it such a delivery is refused as permanent,
-nothing sent). Domains always go as A-labels (punycode).
+The generic adapter, ``http(s)://host/path``, POSTs ``{to, from, subject, text, html, headers,
+metadata}`` (and ``attachments``, a list of ``{filename, content_type, kind, content_id,
+content}`` with ``content`` in base64 and ``kind`` one of ``attachment``, ``inline`` or
+``calendar``, when the message has any) as JSON with the key in ``Idempotency-Key`` and a
+bearer token from ``POSTLANE_HTTP_TOKEN`` (or the URL's password). The API is declared to
+deduplicate by key (``dedupe=0`` says it does not). Options: ``timeout=10``,
+``connect_timeout=5``, ``pool=20``, ``dedup_window=86400`` (seconds), ``from=ADDR``,
+``account=NAME``, ``utf8=1`` (the API takes addresses with a Unicode local part; without it
+such a delivery is refused as permanent, nothing sent). Domains always go as A-labels
+(punycode).
 """
 
 from __future__ import annotations
@@ -52,7 +55,13 @@ from postlane.core.outcomes import Outcome, Phase
 from postlane.core.policy import parse_retry_after
 from postlane.errors import ConfigurationError, InvalidMessage
 from postlane.providers.base import Capabilities, Provider, refused_before_sending
-from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.mime import (
+    check_delivery,
+    json_attachments,
+    provider_metadata,
+    sender_of,
+    wire_headers,
+)
 from postlane.providers.options import ProviderURL, Secret, secret
 from postlane.providers.progress import AttemptProgress, current_progress
 
@@ -334,17 +343,20 @@ def generic_payload(delivery: Delivery, default_sender: str | None, *,
     API was declared to take one, ``utf8=1``), else ``InvalidAddress``."""
     sender = sender_of(delivery, default_sender)
     check_delivery(delivery, sender)
-    return {
+    body: dict[str, Any] = {
         "to": wire_address(delivery.recipient, field="to", utf8=utf8, transport=HTTP_NO_UTF8),
         "from": wire_address(sender, field="sender", utf8=utf8, transport=HTTP_NO_UTF8),
         "subject": delivery.subject,
         "text": delivery.text,
         "html": delivery.html,
-        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
-        "metadata": {**delivery.metadata, "postlane_key": delivery.key,
+        "headers": wire_headers(delivery, utf8=utf8, transport=HTTP_NO_UTF8),
+        "metadata": {**provider_metadata(delivery), "postlane_key": delivery.key,
                      "postlane_delivery_id": delivery.id},
         "template_id": delivery.template_id,
     }
+    if delivery.attachments:
+        body["attachments"] = json_attachments(delivery.attachments)
+    return body
 
 
 def http_options(parsed: ProviderURL) -> dict[str, Any]:

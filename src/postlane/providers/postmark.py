@@ -30,7 +30,13 @@ from postlane.providers.http import (
     response_text,
     retry_after_of,
 )
-from postlane.providers.mime import KEY_HEADER, check_delivery, sender_of
+from postlane.providers.mime import (
+    check_delivery,
+    json_attachments,
+    provider_metadata,
+    sender_of,
+    wire_headers,
+)
 from postlane.providers.options import ProviderURL, Secret, secret
 
 POSTMARK_TOKEN_ENV = "POSTLANE_POSTMARK_TOKEN"
@@ -115,9 +121,9 @@ def postmark_payload(delivery: Delivery, default_sender: str | None,
         "To": wire_address(delivery.recipient, field="to", utf8=False,
                            transport=POSTMARK_NO_UTF8),
         "Subject": delivery.subject,
-        "Headers": [{"Name": n, "Value": v} for n, v in delivery.headers.items()]
-        + [{"Name": KEY_HEADER, "Value": delivery.key}],
-        "Metadata": {**{k: str(v) for k, v in delivery.metadata.items()},
+        "Headers": [{"Name": n, "Value": v} for n, v in wire_headers(
+            delivery, utf8=False, transport=POSTMARK_NO_UTF8).items()],
+        "Metadata": {**{k: str(v) for k, v in provider_metadata(delivery).items()},
                      "postlane_key": delivery.key,
                      "postlane_delivery_id": str(delivery.id)},
     }
@@ -127,6 +133,13 @@ def postmark_payload(delivery: Delivery, default_sender: str | None,
         body["HtmlBody"] = delivery.html
     if message_stream:
         body["MessageStream"] = message_stream
+    if delivery.attachments:
+        # Postmark's documented form: Name, base64 Content, ContentType, and for an inline
+        # part ContentID "cid:<id>"; an invite goes as a text/calendar file.
+        body["Attachments"] = [
+            {"Name": a["filename"], "Content": a["content"], "ContentType": a["content_type"],
+             **({"ContentID": f"cid:{a['content_id']}"} if a["content_id"] else {})}
+            for a in json_attachments(delivery.attachments)]
     return body
 
 

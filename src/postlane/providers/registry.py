@@ -1,6 +1,7 @@
 """Providers are chosen by URL: ``noop://``, ``record:///path.db?dedupe=1``, ``sandbox://``,
 ``sandbox+http://host:port``, ``smtp://`` / ``smtps://``, ``ses://region``, ``http(s)://``
-(a generic JSON API), ``postmark://`` and ``resend://``. See docs/providers.md."""
+(a generic JSON API), ``postmark://`` and ``resend://``; for SMS, ``sandbox-sms://`` and
+``twilio://``. See docs/providers.md and docs/sms.md."""
 
 from __future__ import annotations
 
@@ -55,5 +56,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "https": ("http", "JsonHttpProvider"),
     "postmark": ("postmark", "PostmarkProvider"),
     "resend": ("resend", "ResendProvider"),
+    "sandbox-sms": ("sms", "SandboxSmsProvider"),
+    "twilio": ("twilio", "TwilioProvider"),
 }
 """scheme -> (module under postlane.providers, class with ``from_url``); imported on use."""

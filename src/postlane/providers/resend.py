@@ -28,7 +28,13 @@ from postlane.providers.http import (
     response_text,
     retry_after_of,
 )
-from postlane.providers.mime import KEY_HEADER, check_delivery, key_digest, sender_of
+from postlane.providers.mime import (
+    check_delivery,
+    json_attachments,
+    key_digest,
+    sender_of,
+    wire_headers,
+)
 from postlane.providers.options import ProviderURL, Secret, secret
 
 RESEND_TOKEN_ENV = "POSTLANE_RESEND_TOKEN"
@@ -123,7 +129,7 @@ def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, 
         "to": [wire_address(delivery.recipient, field="to", utf8=False,
                             transport=RESEND_NO_UTF8)],
         "subject": delivery.subject,
-        "headers": {**delivery.headers, KEY_HEADER: delivery.key},
+        "headers": wire_headers(delivery, utf8=False, transport=RESEND_NO_UTF8),
         # Tag values allow only ASCII letters, digits, '_' and '-': the key goes hashed.
         "tags": [{"name": "postlane_delivery_id", "value": str(delivery.id)},
                  {"name": "postlane_key_sha256", "value": key_digest(delivery.key)}],
@@ -132,6 +138,14 @@ def resend_payload(delivery: Delivery, default_sender: str | None) -> dict[str, 
         body["text"] = delivery.text
     if delivery.html is not None:
         body["html"] = delivery.html
+    if delivery.attachments:
+        # Resend's documented form: filename, base64 content, content_type, and content_id
+        # for a part the HTML names as cid:; an invite goes as a text/calendar file.
+        body["attachments"] = [
+            {"filename": a["filename"], "content": a["content"],
+             "content_type": a["content_type"],
+             **({"content_id": a["content_id"]} if a["content_id"] else {})}
+            for a in json_attachments(delivery.attachments)]
     return body
 
 

@@ -19,7 +19,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -29,6 +29,7 @@ from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
 from postlane.errors import ConfigurationError
 from postlane.providers.base import Capabilities, Provider
+from postlane.providers.mime import wire_headers
 from postlane.providers.progress import current_progress
 
 
@@ -53,6 +54,9 @@ class SandboxConfig:
     """Retry-After of a random 429."""
     latency_s: float = 0.0
     seed: int | None = None
+    account: str = ""
+    """The account name (limiter key, breaker): two sandboxes in one worker, as a primary and
+    its fallback, need two; default ``sandbox``."""
 
     @classmethod
     def from_query(cls, query: str) -> SandboxConfig:
@@ -66,7 +70,9 @@ class SandboxConfig:
         values: dict[str, Any] = {}
         try:
             for name, raw in params.items():
-                if name == "reject":
+                if name == "account":
+                    values[name] = raw
+                elif name == "reject":
                     re.compile(raw)
                     values[name] = raw
                 elif name == "unknown_templates":
@@ -134,8 +140,12 @@ class SandboxEngine:
         self._ids = 0
         self.on_accept: Callable[[str, str, str], None] | None = None
         """Called with (key, message id, recipient) for each acceptance: delivery events."""
+        self.attachments: dict[str, list[dict[str, Any]]] = {}
+        """What each accepted key carried: every part's filename, content type, kind and size
+        (never the bytes), as a real provider's message log shows them."""
 
-    def submit(self, key: str, to: str, template_id: str | None = None) -> SandboxAnswer:
+    def submit(self, key: str, to: str, template_id: str | None = None,
+               attachments: Sequence[Mapping[str, Any]] = ()) -> SandboxAnswer:
         now = self.clock()
         self.stats.requests += 1
         known = self._keys.get(key)
@@ -165,6 +175,11 @@ class SandboxEngine:
             self.stats.rejected += 1
             return SandboxAnswer(404, {"error": f"unknown template {template_id}"})
         message_id = self._accept(key, now)
+        if attachments:
+            self.attachments[key] = [
+                {"filename": a["filename"], "content_type": a["content_type"],
+                 "kind": a.get("kind", "attachment"), "size": int(a["size"])}
+                for a in attachments]
         if self.on_accept is not None:
             self.on_accept(key, message_id, to)
         roll -= self.config.error_rate
@@ -224,6 +239,13 @@ class SandboxProvider(Provider):
             dedup_window=timedelta(seconds=self.engine.config.dedup_window_s),
             can_lookup_by_key=True,
         )
+        self.sample_headers: dict[str, dict[str, str]] = {}
+        """Per lane, the headers of the first message accepted (``wire_headers``), so a demo
+        can show what a bulk message carried (its ``List-Unsubscribe``)."""
+
+    @property
+    def account(self) -> str:
+        return self.engine.config.account or self.name
 
     def with_config(self, **changes: Any) -> SandboxProvider:
         return SandboxProvider(replace(self.engine.config, **changes))
@@ -238,7 +260,10 @@ class SandboxProvider(Provider):
         if config.latency_s:
             await asyncio.sleep(config.latency_s)
         progress.reach(Phase.RESPONSE)
-        answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id)
+        answer = self.engine.submit(delivery.key, delivery.recipient, delivery.template_id,
+                                    [part.describe() for part in delivery.attachments])
+        if answer.status == 200 and delivery.lane not in self.sample_headers:
+            self.sample_headers[delivery.lane] = wire_headers(delivery)
         if answer.hang and config.timeout_delay_s:
             await asyncio.sleep(config.timeout_delay_s)
         return outcome_of(answer).at(Phase.RESPONSE)

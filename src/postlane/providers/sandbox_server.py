@@ -18,6 +18,8 @@ within the second); ``postlane.core.policy.parse_retry_after`` reads both that a
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -40,6 +42,15 @@ with requires("server", "the HTTP sandbox (postlane sandbox)"):
 log = logging.getLogger("postlane.sandbox")
 
 
+def received_parts(value: Any) -> list[dict[str, Any]]:
+    """The generic adapter's ``attachments`` as the engine records them (sizes decoded)."""
+    if value is None:
+        return []
+    return [{"filename": str(a["filename"]), "content_type": str(a["content_type"]),
+             "kind": str(a.get("kind") or "attachment"),
+             "size": len(base64.b64decode(a["content"], validate=True))} for a in value]
+
+
 def create_app(engine: SandboxEngine) -> FastAPI:
     """The HTTP face of ``engine``; its config's ``timeout_delay_s`` and ``latency_s`` apply."""
     app = FastAPI(title="Postlane sandbox", docs_url=None, redoc_url=None)
@@ -59,7 +70,13 @@ def create_app(engine: SandboxEngine) -> FastAPI:
         config = engine.config
         if config.latency_s:
             await asyncio.sleep(config.latency_s)
-        answer = engine.submit(key, body["to"], template if isinstance(template, str) else None)
+        try:
+            parts = received_parts(body.get("attachments"))
+        except (TypeError, ValueError, KeyError, binascii.Error):
+            return JSONResponse({"error": "attachments: a list of {filename, content_type, "
+                                          "content (base64)}"}, 400)
+        answer = engine.submit(key, body["to"], template if isinstance(template, str) else None,
+                               parts)
         headers = {}
         if answer.retry_after_s is not None:
             headers["Retry-After"] = format_retry_after(answer.retry_after_s)
@@ -72,7 +89,8 @@ def create_app(engine: SandboxEngine) -> FastAPI:
         found = engine.lookup(key)
         if found is None:
             return JSONResponse({"error": "unknown key"}, 404)
-        return JSONResponse({"id": found, "key": key})
+        parts = engine.attachments.get(key)
+        return JSONResponse({"id": found, "key": key, **({"attachments": parts} if parts else {})})
 
     @app.get("/sandbox/stats")
     async def stats() -> dict[str, Any]:

@@ -15,6 +15,7 @@ from postlane.errors import ConfigurationError
 from postlane.store.base import Store
 from postlane.store.roles import (
     ApiKeyStore,
+    CallbackStore,
     FleetStore,
     ImportStore,
     OperatorStore,
@@ -32,6 +33,7 @@ __all__ = [
     "DATABASE_URL_ENV",
     "DEFAULT_DATABASE_URL",
     "ApiKeyStore",
+    "CallbackStore",
     "Claim",
     "FleetStore",
     "ImportStore",

@@ -24,6 +24,7 @@ from postlane.core.records import (
     MAX_RESPONSE_CHARS,
     STATUS_RANK,
     ApiKey,
+    ChannelStats,
     Claim,
     Control,
     DeadLetter,
@@ -45,12 +46,12 @@ from postlane.core.records import (
     bound_response,
     check_template_id,
     import_counts_from_rows,
-    suppression_for,
 )
 from postlane.core.validation import Limits
 from postlane.errors import StoreError
 from postlane.store.roles import (
     ApiKeyStore,
+    CallbackStore,
     FleetStore,
     ImportStore,
     OperatorStore,
@@ -71,6 +72,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "TEMPLATE_REFERENCE_CONDITION",
     "ApiKey",
     "ApiKeyStore",
+    "CallbackStore",
     "Claim",
     "Control",
     "DeadLetter",
@@ -106,7 +108,6 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "find_conditions",
     "import_counts_from_rows",
     "json_text",
-    "suppression_for",
 ]
 
 DELIVERY_COLUMNS: tuple[str, ...] = (
@@ -165,6 +166,22 @@ def dead_letter_counts(
     return by_reason, by_cause
 
 
+CHANNEL_STATS = """
+SELECT 'pending', channel, count(*) FROM postlane_deliveries
+WHERE state = 'pending' GROUP BY channel
+UNION ALL
+SELECT 'fallback', CASE WHEN sms_id IS NULL THEN 'no_sms' ELSE reason END, count(*)
+FROM postlane_sms_fallbacks GROUP BY 2
+"""
+"""Both engines' ``channel_stats`` query (the same SQL on each)."""
+
+
+def channel_stats(rows: Sequence[Sequence[Any]]) -> ChannelStats:
+    pending = {str(r[1]): int(r[2]) for r in rows if r[0] == "pending"}
+    fallbacks = {str(r[1]): int(r[2]) for r in rows if r[0] == "fallback"}
+    return ChannelStats(pending, fallbacks)
+
+
 class Store(
     StoreLifecycle,
     ProducerStore,
@@ -174,6 +191,7 @@ class Store(
     ImportStore,
     ApiKeyStore,
     ProviderEventStore,
+    CallbackStore,
     abc.ABC,
 ):
     """Every role of the store (``store.roles``) in one: what an engine implements and

@@ -15,21 +15,31 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from postlane.core.message import Delivery, EnqueueResult, Message
+from postlane.core.attachments import Attachment
+from postlane.core.deliverability import DEFAULT_POLICY, SuppressionPolicy
+from postlane.core.message import EMAIL, Delivery, EnqueueResult, Message
 from postlane.core.records import (
     ApiKey,
+    Callback,
+    CallbackEndpoint,
+    CallbackResult,
+    ChannelStats,
     Claim,
     Control,
     DeadLetter,
     DeadLetterFilter,
     DeliveryFilter,
     Event,
+    FallbackPair,
+    ImportCanary,
     ImportCounts,
     ImportProgress,
     ImportRecord,
+    LaneDeliverability,
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
+    Route,
     Stats,
     Suppression,
     TemplateDeletion,
@@ -114,8 +124,55 @@ class FleetStore(Protocol):
     @abc.abstractmethod
     async def stats(self) -> Stats: ...
 
+    @abc.abstractmethod
+    async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
+        """Per lane, deliveries accepted and provider events received within ``window``:
+        the bounce and complaint rates providers judge a sender by."""
 
-class WorkerStore(FleetStore, Protocol):
+    @abc.abstractmethod
+    async def provider_event_totals(self) -> dict[tuple[str, str], int]:
+        """Provider events kept, by (kind, lane; '' when the event matched no delivery)."""
+
+    @abc.abstractmethod
+    async def channel_stats(self) -> ChannelStats:
+        """Pending deliveries by channel, and SMS fallbacks created by trigger."""
+
+
+class HousekeepingStore(Protocol):
+    """What the worker's housekeeping does besides leases: SMS fallbacks that fell due and
+    import canaries to settle, each guarded so a fleet of workers doing it at once acts once.
+    Used by ``worker.housekeeping`` (through ``WorkerStore``)."""
+
+    @abc.abstractmethod
+    async def list_fallback_candidates(
+        self, unsent_after_s: float | None, limit: int = 100
+    ) -> list[Delivery]:
+        """Emails carrying an SMS fallback (``metadata["sms_fallback"]``) whose fallback is
+        not decided yet and may be due: dead or expired, or still pending, sending or
+        ambiguous past their own ``after_s`` or, without one, ``unsent_after_s`` (None:
+        only their own). Oldest first."""
+
+    @abc.abstractmethod
+    async def create_sms_fallback(
+        self, email_id: int, states: Sequence[str], message: Message | None, reason: str
+    ) -> FallbackPair | None:
+        """In one transaction, if the email is still in one of ``states`` and its fallback
+        is not decided yet: enqueue ``message`` (key ``sms-fallback:<email key>``; a
+        delivery of that key already there is taken as the fallback), record the pair and
+        write an event to both timelines. ``message`` None records that no SMS will be sent
+        (the policy does not fall back on this). None when the guard did not hold."""
+
+    @abc.abstractmethod
+    async def list_waiting_canaries(self, limit: int = 100) -> list[ImportCanary]:
+        """Canaries not settled yet, with their deliveries counted by state."""
+
+    @abc.abstractmethod
+    async def settle_import_canary(self, import_id: str, passed: bool, reason: str) -> bool:
+        """Mark a waiting canary passed (releasing the held deliveries in the same
+        transaction) or failed; False when it was settled already."""
+
+
+class WorkerStore(FleetStore, HousekeepingStore, Protocol):
     """The worker's path, every operation guarded so a worker moves only the deliveries it
     holds (River-style: claim, start, renew, set state if sending, rescue, reconcile). Used
     by ``postlane.worker`` and its collaborators (the runner, the lease keeper, the
@@ -124,12 +181,13 @@ class WorkerStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
-        exclude_imports: Sequence[str] = (),
+        exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
-        """Lease up to ``limit`` ready deliveries of ``lane`` to ``owner``, oldest first,
-        skipping those of paused imports. A row that cannot be read back comes as an
-        ``UnreadableDelivery`` (as from every read of deliveries), never as an error that
-        fails the batch (see ``postlane.store.unreadable``)."""
+        """Lease up to ``limit`` ready deliveries of ``lane`` and ``channel`` (the one the
+        worker's provider sends) to ``owner``, oldest first, skipping those of paused
+        imports. A row that cannot be read back comes as an ``UnreadableDelivery`` (as from
+        every read of deliveries), never as an error that fails the batch (see
+        ``postlane.store.unreadable``)."""
 
     @abc.abstractmethod
     async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
@@ -162,9 +220,11 @@ class WorkerStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def list_ambiguous(
-        self, limit: int = 100, lanes: Sequence[str] | None = None
+        self, limit: int = 100, lanes: Sequence[str] | None = None,
+        channel: str | None = None,
     ) -> list[Delivery]:
-        """Ambiguous deliveries (of ``lanes``, default all), oldest first, for reconciliation."""
+        """Ambiguous deliveries (of ``lanes`` and ``channel``, default all), oldest first, for
+        reconciliation: a worker asks its own provider only about its own channel."""
 
     @abc.abstractmethod
     async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult: ...
@@ -177,6 +237,18 @@ class WorkerStore(FleetStore, Protocol):
     async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
         """Which of these deliveries go to a suppressed address (id -> reason)."""
 
+    @abc.abstractmethod
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        """The parts stored with these deliveries (id -> parts in order; an id without any
+        is absent). Read when the messages are built to send, never by a claim."""
+    async def delivery_routes(self, ids: Sequence[int]) -> dict[int, Route]:
+        """The recorded route of each of these deliveries that has one (failover only)."""
+
+    @abc.abstractmethod
+    async def record_routes(self, routes: Sequence[Route]) -> None:
+        """Record (replace) the route of each delivery: before the attempt leaves, so an
+        ambiguous attempt always knows which provider to ask."""
+
 
 class OperatorStore(FleetStore, Protocol):
     """Reading deliveries and acting on them by hand: timelines and search, dead letters
@@ -187,6 +259,10 @@ class OperatorStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def get(self, id_or_key: int | str) -> Delivery | None: ...
+
+    @abc.abstractmethod
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        """The parts stored with these deliveries: the message preview and its downloads."""
 
     @abc.abstractmethod
     async def timeline(self, delivery_id: int) -> list[Event]: ...
@@ -252,8 +328,11 @@ class OperatorStore(FleetStore, Protocol):
 
     @abc.abstractmethod
     async def suppress(self, address: str, stream: str, reason: str,
-                       delivery_id: int | None = None) -> bool:
-        """Add an address to the suppression list; False if it was already there."""
+                       delivery_id: int | None = None, *, source_event: str | None = None,
+                       expires_in: timedelta | None = None) -> bool:
+        """Add an address to the suppression list for ``stream`` (a lane, or ``*``), until
+        removed or for ``expires_in``. An entry already there is replaced only by one that
+        ends later (an expired one by any); False when nothing was written."""
 
     @abc.abstractmethod
     async def unsuppress(self, address: str, stream: str | None = None) -> int:
@@ -262,6 +341,10 @@ class OperatorStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def list_suppressions(self, address: str | None = None,
                                 limit: int = 100) -> list[Suppression]: ...
+
+    @abc.abstractmethod
+    async def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
+        """The fallback pair ``delivery_id`` belongs to, as the email or as the SMS."""
 
     @abc.abstractmethod
     async def requeue_suppressed(self, address: str) -> list[int]:
@@ -347,6 +430,22 @@ class ImportStore(Protocol):
         """Imports, most recently started first."""
 
     @abc.abstractmethod
+    async def start_import_canary(
+        self, import_id: str, size: int, keys: Sequence[str]
+    ) -> ImportCanary:
+        """Record an import's canary (its first deliveries' keys) unless it has one; returns
+        the canary as recorded (the first run's, on a re-run)."""
+
+    @abc.abstractmethod
+    async def get_import_canary(self, import_id: str) -> ImportCanary | None:
+        """The canary with its deliveries counted by state and the held ones counted."""
+
+    @abc.abstractmethod
+    async def release_import_hold(self, import_id: str) -> int:
+        """Make the deliveries held behind the canary due now, and mark a waiting or failed
+        canary ``released``; returns how many were released."""
+
+    @abc.abstractmethod
     async def import_counts(self, import_id: str) -> ImportCounts:
         """What became of an import's deliveries, for the operator's four questions."""
 
@@ -382,11 +481,62 @@ class ApiKeyStore(Protocol):
 
 
 class ProviderEventStore(Protocol):
-    """Delivery events a provider reports by webhook (delivered, bounced, complained...),
-    each processed once. Used by ``postlane.webhooks`` only."""
+    """Delivery events a provider reports (delivered, bounced, complained...) by webhook,
+    DSN or one-click unsubscribe, each processed once. Used by ``postlane.webhooks`` and
+    ``postlane.unsubscribe`` only."""
 
     @abc.abstractmethod
-    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
-        """Process a provider event once: attach it to its delivery (by provider message id)
-        in the timeline, move the provider status only forward, and suppress the address on
-        a hard bounce or a complaint."""
+    async def record_provider_event(
+        self, event: ProviderEvent, policy: SuppressionPolicy = DEFAULT_POLICY,
+    ) -> ProviderEventResult:
+        """Process a provider event once: attach it to its delivery (see ``ProviderEvent``
+        for how it is found) in the timeline, move the provider status only forward, and
+        suppress the address as ``core.deliverability.suppression_for`` says (counting the
+        address's recent soft bounces under ``policy``), all in one transaction."""
+
+
+class CallbackStore(Protocol):
+    """Status callbacks to the application: its endpoints, and the outbox the timeline's
+    trigger fills. Used by ``postlane.callbacks`` (the sender), the CLI's ``callbacks``
+    commands and the HTTP API."""
+
+    @abc.abstractmethod
+    async def add_callback_endpoint(self, url: str, secret: str, api_key_id: int | None,
+                                    events: Sequence[str]) -> CallbackEndpoint:
+        """Register an endpoint; ``events`` empty: every event type."""
+
+    @abc.abstractmethod
+    async def list_callback_endpoints(self, api_key_id: int | None = None,
+                                      *, every_key: bool = True) -> list[CallbackEndpoint]:
+        """Endpoints, disabled ones included, oldest first; with ``every_key`` False only
+        those of ``api_key_id`` (None: the global ones)."""
+
+    @abc.abstractmethod
+    async def disable_callback_endpoint(self, endpoint_id: int,
+                                        api_key_id: int | None = None) -> bool:
+        """Stop callbacks to an endpoint (those queued are dropped as they come due). With
+        ``api_key_id``, only an endpoint of that key. False when none matched."""
+
+    @abc.abstractmethod
+    async def claim_callbacks(self, limit: int, lease_s: float) -> list[Callback]:
+        """Take due callbacks of active endpoints for one attempt each: their ``run_at`` moves
+        a lease ahead and their attempt is counted, so a sender that dies leaves them due
+        again (at least once)."""
+
+    @abc.abstractmethod
+    async def finish_callbacks(self, results: Sequence[CallbackResult]) -> int:
+        """Apply what came of claimed callbacks, each guarded by its attempt count; a callback
+        that is sent or dead also writes a timeline event of its delivery. How many applied."""
+
+    @abc.abstractmethod
+    async def list_callbacks(self, state: str | None = None, delivery_id: int | None = None,
+                             limit: int = 100) -> list[Callback]:
+        """Callbacks, newest first, optionally of one state or delivery."""
+
+    @abc.abstractmethod
+    async def replay_callbacks(self, ids: Sequence[int] | None = None) -> int:
+        """Dead callbacks (these ids, or all) due again with a fresh budget; how many."""
+
+    @abc.abstractmethod
+    async def callback_counts(self) -> dict[str, int]:
+        """Callbacks by state, for metrics and the health of the receivers."""

@@ -20,7 +20,8 @@ from postlane.core.message import Delivery, UnreadableDelivery
 from postlane.core.states import State
 from postlane.store.base import DELIVERY_COLUMNS
 
-_FIELDS = [f.name for f in dataclass_fields(Delivery)]  # in DELIVERY_COLUMNS' order
+# In DELIVERY_COLUMNS' order; the keyword-only fields (attachments: never a column) apart.
+_FIELDS = [f.name for f in dataclass_fields(Delivery) if not f.kw_only]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _PLACEHOLDERS: dict[str, Any] = {
     "run_at": EPOCH, "created_at": EPOCH, "updated_at": EPOCH, "headers": {}, "metadata": {},

@@ -3,6 +3,10 @@
 - Standard Webhooks (the sandbox; Svix, and so Resend, uses the same scheme with ``svix-``
   headers): HMAC-SHA256 over ``id.timestamp.body``, ``v1,<base64>`` signatures, a timestamp
   tolerance against replays, and several secrets at once during a rotation.
+- A shared secret (Postmark, which signs nothing and recommends HTTP basic auth in the
+  webhook URL; the SMTP bounce intake): the password of ``Authorization: Basic`` (any user
+  name) or a ``token`` query parameter, compared in constant time with each configured
+  secret.
 - Amazon SNS (SES events): RSA over a canonical string, with the certificate fetched from
   an ``https://sns.<region>.amazonaws.com/....pem`` URL in the topic's region and nowhere
   else (``sns_certificates``), from a topic on the configured allow-list only, and at most
@@ -108,6 +112,31 @@ _SNS_FIELDS = {
 
 CertFetcher = Callable[[str], Awaitable[bytes]]
 """Returns the PEM certificate at a (validated) SigningCertURL: ``SnsCertificates.get``."""
+
+
+def verify_shared_secret(secrets: Sequence[str], headers: Mapping[str, str],
+                         token: str | None, *, provider: str) -> None:
+    """The request carries one of ``secrets`` as its basic-auth password or its ``token``
+    query parameter; raises ``WebhookRejected`` otherwise (and when none is configured)."""
+    if not secrets:
+        raise WebhookRejected(f"no secret configured for {provider} webhooks: set "
+                              f"POSTLANE_WEBHOOK_SECRET_{provider.upper()}")
+    offered = []
+    if token:
+        offered.append(token)
+    authorization = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() == "basic" and credentials.strip():
+        try:
+            decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise WebhookRejected("the basic-auth credentials cannot be read") from None
+        offered.append(decoded.partition(":")[2])
+    if not offered:
+        raise WebhookRejected(f"{provider} webhook without credentials (basic auth in the "
+                              "webhook URL, or ?token=)")
+    if not any(hmac.compare_digest(o.encode(), s.encode()) for o in offered for s in secrets):
+        raise WebhookRejected(f"{provider} webhook credentials do not match")
 
 
 def sns_string_to_sign(message: Mapping[str, Any]) -> bytes:

@@ -42,6 +42,7 @@ class FleetBreaker:
     def __init__(self, store: FleetStore, account: str, owner: str, config: BreakerConfig,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.account = account
         self.name = CONTROL_PREFIX + account
         self.owner = owner
         self.config = config

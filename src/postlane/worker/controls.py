@@ -22,8 +22,10 @@ async def resume_lane(store: FleetStore, lane: str) -> None:
     await store.set_control(LANE_PAUSE + lane, None)
 
 
-async def pause_import(store: FleetStore, import_id: str, *, by: str = "operator") -> None:
-    await store.set_control(IMPORT_PAUSE + import_id, {"by": by})
+async def pause_import(store: FleetStore, import_id: str, *, by: str = "operator",
+                       reason: str | None = None) -> None:
+    value = {"by": by} if reason is None else {"by": by, "reason": reason}
+    await store.set_control(IMPORT_PAUSE + import_id, value)
 
 
 async def resume_import(store: FleetStore, import_id: str) -> None:

@@ -54,6 +54,11 @@ async def _why_not_drained(worker: Worker, timeout_s: float) -> str:
     waiting = states.get("pending", 0) + states.get("sending", 0)
     parts = [f"gave up draining after {_span(timeout_s)}: {waiting} "
              f"deliver{'y' if waiting == 1 else 'ies'} still waiting"]
+    others = {k: v for k, v in status.channels.pending.items()
+              if v and k != worker.provider.channel}
+    if others:
+        parts.append("waiting for a worker of another channel: "
+                     + ", ".join(f"{v} {k}" for k, v in sorted(others.items())))
     for account, record in sorted(status.breakers.items()):
         parts.append(f"breaker {account} {record.get('state', 'open')} "
                      f"({breaker_reason(record)})")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -33,27 +34,28 @@ import socket
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from postlane import tracing
 from postlane.core.breaker import BreakerConfig
 from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
-from postlane.core.message import Delivery
+from postlane.core.message import EMAIL, Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import (
     Decision,
-    ProviderTraits,
     RetryPolicy,
     decide,
     expire_if_useless,
     handler_error,
 )
-from postlane.core.records import Claim, Transition
+from postlane.core.records import Claim, Route, Transition
 from postlane.core.states import DeadReason, State
+from postlane.core.unsubscribe import SECRET_ENV, UnsubscribeConfig
 from postlane.core.validation import redact_address
+from postlane.errors import ConfigurationError
 from postlane.limiter.base import RateLimiter
 from postlane.providers.base import Provider
 from postlane.store.roles import WorkerStore
@@ -63,10 +65,15 @@ from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.housekeeping import Housekeeping
 from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
+from postlane.worker.routes import ProviderRoute, deciding_traits, traits_of
 from postlane.worker.supervisor import supervise
+
+if TYPE_CHECKING:
+    from postlane.callbacks import CallbackSender
 
 log = logging.getLogger("postlane.worker")
 
@@ -98,6 +105,9 @@ class WorkerConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    unsubscribe: UnsubscribeConfig | None = None
+    """Signs the one-click unsubscribe headers of bulk lanes' mail (``core.unsubscribe``);
+    None: bulk mail goes without them (a warning says so at start)."""
 
 
 def send_extra(delivery: Delivery, provider_message_id: str | None = None,
@@ -142,6 +152,8 @@ class Worker:
         provider: Provider,
         *,
         limiter: RateLimiter | None = None,
+        fallbacks: Sequence[tuple[Provider, RateLimiter | None]] = (),
+        callbacks: CallbackSender | None = None,
         config: WorkerConfig = WorkerConfig(),
         rand: Callable[[], float] = random.random,
         owner: str | None = None,
@@ -157,12 +169,10 @@ class Worker:
         self.owner = owner or make_owner()
         self.lanes = {lane.name: lane for lane in config.lanes}
         self.floors = slot_floors(config.lanes, held_slots(config, limiter))
-        caps = provider.capabilities
-        self.traits = ProviderTraits(caps.deduplicates_by_key, caps.dedup_window,
-                                     caps.can_lookup_by_key)
         self.controls = FleetControls(store)
-        self.breaker = FleetBreaker(store, provider.account, self.owner, config.breaker)
         self.counters: Counter[str] = Counter()
+        self.callbacks = callbacks
+        """Posts the status callbacks the timeline queued (``postlane.callbacks``)."""
         self.observers: list[Observer] = []
         """Called with every decided outcome (metrics hang off this); must not block."""
         self.claim_observers: list[ClaimObserver] = []
@@ -173,14 +183,23 @@ class Worker:
         self.acker = Acker(store, self.owner, self._held, self.counters,
                            batch_size=config.batch_size, interval_s=config.ack_interval_s,
                            clock=clock)
-        self.pacer = Pacer(limiter, self.lanes, self.counters, horizon_s=config.limiter_horizon_s,
-                           late_slot_s=config.late_slot_s, clock=clock)
-        self.reconciler = Reconciler(store, provider, self.traits, self.lanes, self._wake_lanes)
+        self.routes = [self._route(i, p, lim)
+                       for i, (p, lim) in enumerate([(provider, limiter), *fallbacks])]
+        """The ordered providers (``worker.routes``): the primary first, then the fallbacks."""
+        names = [route.name for route in self.routes]
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"the same provider account twice in the failover list: "
+                                     f"{names} (each needs its own account, ceiling and breaker)")
+        self.failover = len(self.routes) > 1
+        primary = self.routes[0]
+        self.traits, self.breaker, self.pacer = primary.traits, primary.breaker, primary.pacer
+        self.reconciler = Reconciler(store, self.routes, self.lanes, self._wake_lanes)
         self.caretaker = Caretaker(
-            store, controls=self.controls, breaker=self.breaker, account=provider.account,
+            store, controls=self.controls, breakers=[r.breaker for r in self.routes],
             reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
             interval_s=config.controls_interval_s,
             drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
+            housekeeping=Housekeeping(store, self.lanes),
         )
 
         # Slot accounting of the lanes (core.lanes.may_start reads these).
@@ -192,16 +211,38 @@ class Worker:
         self._stopping = asyncio.Event()
         self._shutting_down = False
 
+    def _route(self, position: int, provider: Provider,
+               limiter: RateLimiter | None) -> ProviderRoute:
+        config = self.config
+        return ProviderRoute(
+            provider, limiter,
+            FleetBreaker(self.store, provider.account, self.owner, config.breaker),
+            Pacer(limiter, self.lanes, self.counters, horizon_s=config.limiter_horizon_s,
+                  late_slot_s=config.late_slot_s, clock=self.clock),
+            traits_of(provider), position)
+
+    def _route_named(self, name: str) -> ProviderRoute | None:
+        return next((route for route in self.routes if route.name == name), None)
+
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
         """Begin a graceful stop: no new claims; in-flight sends get ``grace_s`` to finish."""
         self._stopping.set()
 
     async def run(self) -> None:
-        await self.provider.open()
+        for route in self.routes:
+            await route.provider.open()
         await self.controls.refresh()
+        for route in self.routes:  # an open breaker holds from the first claim on
+            await route.breaker.refresh(self.controls.breaker(route.name))
         log.info("worker %s started: lanes %s, concurrency %d, provider %s", self.owner,
-                 self.floors, self.config.concurrency, self.provider.name)
+                 self.floors, self.config.concurrency,
+                 " then ".join(route.provider.name for route in self.routes))
+        bulk = [lane.name for lane in self.config.lanes if lane.bulk]
+        if bulk and self.config.unsubscribe is None:
+            log.warning("bulk lane(s) %s send without List-Unsubscribe: set %s and "
+                        "--unsubscribe-url (docs/deliverability.md)", ", ".join(bulk),
+                        SECRET_ENV)
         try:
             async with asyncio.TaskGroup() as group:
                 background = [
@@ -211,6 +252,9 @@ class Worker:
                                       name="lease-keeper"),
                     group.create_task(self._care(), name="caretaker"),
                 ]
+                if self.callbacks is not None:
+                    background.append(group.create_task(
+                        self._loop("callbacks", self.callbacks.step), name="callbacks"))
                 lanes = [group.create_task(self._loop(f"lane {name}",
                                                       functools.partial(self._claim_step, name)),
                                            name=f"lane-{name}")
@@ -233,7 +277,10 @@ class Worker:
             await self._finish_in_flight()
             self.acker.release_unreported()
             await self.acker.flush()
-            await self.provider.close()
+            for route in self.routes:
+                await route.provider.close()
+            if self.callbacks is not None:
+                await self.callbacks.close()
             log.info("worker %s stopped: %s", self.owner, dict(self.counters))
 
     async def _loop(self, where: str, step: Callable[[], Awaitable[bool]]) -> None:
@@ -257,7 +304,13 @@ class Worker:
         if self._send_tasks or self._held or self.acker.pending:
             return False
         states = (await self.store.stats()).states
-        return states.get("pending", 0) == 0 and states.get("sending", 0) == 0
+        if states.get("sending", 0):
+            return False
+        # Only this worker's channel: SMS waiting for an SMS worker is not this one's to send.
+        pending = states.get("pending", 0)
+        if pending:
+            pending = (await self.store.channel_stats()).pending.get(self.provider.channel, 0)
+        return pending == 0
 
     def _wake_lanes(self) -> None:
         for event in self._lane_wakeup.values():
@@ -300,8 +353,8 @@ class Worker:
         wakeup = self._lane_wakeup[lane]
         if self._stopping.is_set():
             return
-        allowed, probe = await self._may_claim(lane)
-        if not allowed:
+        route, probe = await self._may_claim(lane)
+        if route is None:
             wakeup.clear()
             await self.clock.wait(wakeup, self.config.controls_interval_s)
             return
@@ -314,7 +367,7 @@ class Worker:
         wakeup.clear()
         claiming = asyncio.ensure_future(self.store.claim_batch(
             lane, capacity, self.owner, self.config.lease,
-            exclude_imports=self.controls.paused_imports,
+            exclude_imports=self.controls.paused_imports, channel=self.provider.channel,
         ))
         try:
             batch = await asyncio.shield(claiming)
@@ -326,7 +379,7 @@ class Worker:
                     self._held[delivery.id] = Claim(delivery.id, delivery.claims)
             raise
         if probe:
-            self.breaker.probe_claimed(batch)
+            route.breaker.probe_claimed(batch)
         self._wanting[lane] = len(batch) >= capacity
         if not batch:
             await self.clock.wait(wakeup, self.config.poll_interval_s)
@@ -337,21 +390,27 @@ class Worker:
         self._in_flight[lane] += len(batch)
         for delivery in batch:
             self._held[delivery.id] = Claim(delivery.id, delivery.claims)
-        task = asyncio.create_task(self._dispatch(lane, batch))
+        task = asyncio.create_task(self._dispatch(lane, batch, route))
         self._send_tasks.add(task)
         task.add_done_callback(self._send_tasks.discard)
 
-    async def _may_claim(self, lane: str) -> tuple[bool, bool]:
-        """(may claim, as the breaker's probe). Pauses and the breaker are fleet-wide."""
+    async def _may_claim(self, lane: str) -> tuple[ProviderRoute | None, bool]:
+        """(the provider to claim for, as its breaker's probe); None: claim nothing. Pauses
+        and the breakers are fleet-wide; the first provider whose breaker lets it claim wins
+        (a probe of the primary comes before a batch for a fallback)."""
         if self.controls.lane_paused(lane):
-            return False, False
-        return await self.breaker.may_claim()
+            return None, False
+        for route in self.routes:
+            allowed, probe = await route.breaker.may_claim()
+            if allowed:
+                return route, probe
+        return None, False
 
     # -- sending ---------------------------------------------------------------------------
-    async def _dispatch(self, lane: str, batch: list[Delivery]) -> None:
+    async def _dispatch(self, lane: str, batch: list[Delivery], route: ProviderRoute) -> None:
         pending = {d.id: d for d in batch}  # claimed, not yet handed to a send or reported
         try:
-            await self._dispatch_batch(lane, batch, pending)
+            await self._dispatch_batch(lane, batch, pending, route)
         except Exception as exc:
             # The store or the limiter failed between claim and send: nothing was sent, so
             # give the rest back unspent (the ack waits in memory if the store is down).
@@ -362,7 +421,7 @@ class Worker:
                 self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
 
     async def _dispatch_batch(self, lane: str, batch: list[Delivery],
-                              pending: dict[int, Delivery]) -> None:
+                              pending: dict[int, Delivery], route: ProviderRoute) -> None:
         config = self.lanes[lane]
         now = datetime.now(UTC)
         to_send = []
@@ -372,7 +431,7 @@ class Worker:
             if unsendable is not None:
                 pending.pop(delivery.id)
                 self._report(delivery, unsendable, release=True)
-                self.breaker.probe_unsent(delivery.id)
+                route.breaker.probe_unsent(delivery.id)
             else:
                 to_send.append(delivery)
         suppressed = await self.store.suppressed_among(to_send)
@@ -384,12 +443,67 @@ class Worker:
                     State.SUPPRESSED, "suppressed", spend_attempt=False,
                     detail={"why": f"address is suppressed ({suppressed[delivery.id]})"},
                 ), release=True)
-                self.breaker.probe_unsent(delivery.id)
+                route.breaker.probe_unsent(delivery.id)
             to_send = [d for d in to_send if d.id not in suppressed]
-        await self._send_in_groups(lane, config, to_send, pending)
+        to_send = await self._with_attachments(to_send)
+        if not self.failover:
+            await self._send_in_groups(lane, config, to_send, pending, route)
+            return
+        by_route = await self._routed(to_send, pending, route)
+        # Every group finishes before a failure is raised: the caller releases what is
+        # still pending, and no group may be handing those to sends meanwhile.
+        results = await asyncio.gather(
+            *(self._send_in_groups(lane, config, group, pending, target, pins)
+              for target, (group, pins) in by_route.items()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _routed(
+        self, to_send: list[Delivery], pending: dict[int, Delivery], route: ProviderRoute,
+    ) -> dict[ProviderRoute, tuple[list[Delivery], set[int]]]:
+        """With a fallback: each delivery to the batch's provider, except one pinned to
+        another (ambiguous there, settled by its deduplication), which goes there while its
+        breaker is closed and otherwise waits for it: never to a third provider."""
+        recorded = await self.store.delivery_routes([d.id for d in to_send])
+        by_route: dict[ProviderRoute, tuple[list[Delivery], set[int]]] = {}
+        for delivery in to_send:
+            pin = recorded.get(delivery.id)
+            target = route
+            if pin is not None and pin.pinned:
+                target = self._route_named(pin.provider)  # type: ignore[assignment]
+                if target is None or (target is not route and not target.closed):
+                    pending.pop(delivery.id)
+                    route.breaker.probe_unsent(delivery.id)
+                    # Rare (ambiguous at a provider that can only deduplicate): looked at
+                    # again every poll interval rather than at the breaker's next probe, so
+                    # an operator's reset of that breaker takes effect at once.
+                    self._release(delivery, f"pinned to provider {pin.provider}, which is "
+                                  "not available here now", delay_s=self.config.poll_interval_s,
+                                  event="waiting_for_provider")
+                    continue
+                if target is not route:
+                    route.breaker.probe_unsent(delivery.id)
+            group, pins = by_route.setdefault(target, ([], set()))
+            group.append(delivery)
+            if pin is not None and pin.pinned:
+                pins.add(delivery.id)
+        return by_route
+
+    async def _with_attachments(self, to_send: list[Delivery]) -> list[Delivery]:
+        """The batch with its stored parts, read only now that it is about to be built and
+        sent (never by the claim: the side table is keyed by delivery id, one indexed read
+        per batch)."""
+        if not to_send:
+            return to_send
+        parts = await self.store.attachments_among([d.id for d in to_send])
+        if not parts:
+            return to_send
+        return [replace(d, attachments=parts[d.id]) if d.id in parts else d for d in to_send]
 
     async def _send_in_groups(self, lane: str, config: LaneConfig, to_send: list[Delivery],
-                              pending: dict[int, Delivery]) -> None:
+                              pending: dict[int, Delivery], route: ProviderRoute,
+                              pins: set[int] | None = None) -> None:
         """Reserve slots for as many as the limiter grants, start those attempts, and go on
         reserving while they wait for their slots. Under a backlog the limiter grants a slot
         or two per call (the horizon is full of other batches' slots): waiting for each
@@ -403,11 +517,11 @@ class Worker:
                         pending.pop(delivery.id)
                         self._release(delivery, "released at shutdown")
                     break
-                reserved = await self.pacer.reserve(lane, len(to_send))
+                reserved = await route.pacer.reserve(lane, len(to_send))
                 reserved_at = self.clock.monotonic()
                 if reserved is None:  # no slot for long (gate, daily quota): give them back
-                    quota_wait = self.pacer.quota_wait_s[lane]  # before another batch resets it
-                    retry_in = max(await self.pacer.gate_remaining(), quota_wait)
+                    quota_wait = route.pacer.quota_wait_s[lane]  # before another batch resets it
+                    retry_in = max(await route.pacer.gate_remaining(), quota_wait)
                     for delivery in to_send:
                         pending.pop(delivery.id)
                         self._release(delivery, "rate limit gate closed or daily quota used",
@@ -415,6 +529,10 @@ class Worker:
                     break
                 delays, uncertainty = reserved
                 group, to_send = to_send[:len(delays)], to_send[len(delays):]
+                if self.failover:  # written before the request can leave: see worker.routes
+                    await self.store.record_routes([
+                        Route(d.id, route.name, d.attempts + 1, d.id in (pins or ()))
+                        for d in group])
                 started = await self.store.start_attempts(
                     self.owner, [Claim(d.id, d.claims) for d in group]
                 )
@@ -427,7 +545,7 @@ class Worker:
                         self._lost(delivery, "lease lost before the attempt started")
                         continue
                     sends.append(asyncio.create_task(
-                        self._send_one(config, delivery, delay - elapsed, uncertainty)))
+                        self._send_one(config, delivery, delay - elapsed, uncertainty, route)))
         except asyncio.CancelledError:  # the grace period is over: so is every send's
             for send in sends:
                 send.cancel()
@@ -439,11 +557,11 @@ class Worker:
         await asyncio.gather(*sends)
 
     async def _send_one(self, lane: LaneConfig, delivery: Delivery, delay_s: float,
-                        uncertainty_s: float = 0.0) -> None:
+                        uncertainty_s: float, route: ProviderRoute) -> None:
         try:
-            slot = await self.pacer.wait_for_slot(lane.name, delay_s, uncertainty_s)
-            quota_wait = self.pacer.quota_wait_s[lane.name]
-            gate = 0.0 if slot else max(await self.pacer.gate_remaining(), quota_wait)
+            slot = await route.pacer.wait_for_slot(lane.name, delay_s, uncertainty_s)
+            quota_wait = route.pacer.quota_wait_s[lane.name]
+            gate = 0.0 if slot else max(await route.pacer.gate_remaining(), quota_wait)
         except Exception as exc:  # the limiter is unreachable: the request never left
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
@@ -453,17 +571,19 @@ class Worker:
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
             return
+        delivery = self._with_unsubscribe(lane, delivery)
         with tracing.sending(delivery) as span:  # a no-op unless traces are on
-            await self._attempt(lane, delivery, span)
+            await self._attempt(lane, delivery, route, span)
 
-    async def _attempt(self, lane: LaneConfig, delivery: Delivery, span: Any) -> None:
-        """One attempt in its slot: send, decide, report."""
+    async def _attempt(self, lane: LaneConfig, delivery: Delivery, route: ProviderRoute,
+                       span: Any) -> None:
+        """One attempt in its slot, through ``route``: send, decide, report."""
         started = self.clock.monotonic()
         # A hard deadline, the lane's own, classified by the phase the send reached
         # (worker/attempt.py).
-        attempt = Attempt(self.provider, delivery,
+        attempt = Attempt(route.provider, delivery,
                           lane.attempt_timeout_s or self.config.attempt_timeout_s,
-                          limiter=self.limiter, clock=self.clock)
+                          limiter=route.limiter, clock=self.clock)
         try:
             outcome = await attempt.run()
         except asyncio.CancelledError:
@@ -473,14 +593,22 @@ class Worker:
         except Exception:
             decision = handler_error(delivery, traceback.format_exc())
             decision.detail["duration_ms"] = round((self.clock.monotonic() - started) * 1000, 2)
+            decision.detail["provider"] = route.name
             tracing.record_outcome(span, "handler_error", str(decision.state))
             self._report(delivery, decision, release=True)
-            self.breaker.probe_unsent(delivery.id)
+            route.breaker.probe_unsent(delivery.id)
             return
         duration_ms = round((self.clock.monotonic() - started) * 1000, 2)
-        decision = decide(delivery, outcome, lane, datetime.now(UTC), traits=self.traits,
+        decision = decide(delivery, outcome, lane, datetime.now(UTC),
+                          traits=deciding_traits(route, self.failover),
                           policy=self.config.retry, rand=self.rand)
+        if (outcome.kind is OutcomeClass.ACCOUNT and decision.state is State.PENDING
+                and route.position < len(self.routes) - 1):
+            # The breaker opens on this answer: the next provider takes it now, not after
+            # the account's Retry-After (it certainly did not reach this one).
+            decision = dataclasses.replace(decision, delay_s=0.0)
         decision.detail["duration_ms"] = duration_ms
+        decision.detail["provider"] = route.name
         self.counters[f"outcome:{outcome.kind}"] += 1
         tracing.record_outcome(span, str(outcome.kind), str(decision.state),
                                outcome.provider_message_id)
@@ -490,8 +618,8 @@ class Worker:
                      provider_message_id=outcome.provider_message_id, error=outcome.response)
         try:
             if outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s:
-                await self.pacer.close_gate(outcome.retry_after_s)
-            await self.breaker.observe(outcome, decision, delivery.id)
+                await route.pacer.close_gate(outcome.retry_after_s)
+            await route.breaker.observe(outcome, decision, delivery.id)
         except Exception as exc:  # the outcome is reported; only the fleet signals failed
             self.counters["errors"] += 1
             log.error("delivery %d: could not share its outcome with the fleet (%s: %s)",
@@ -499,6 +627,16 @@ class Worker:
                       extra=send_extra(delivery, outcome.provider_message_id))
         finally:
             self._release_slot(delivery)
+
+    def _with_unsubscribe(self, lane: LaneConfig, delivery: Delivery) -> Delivery:
+        """The delivery with its one-click unsubscribe headers, on a bulk lane (computed per
+        send, never stored: the same bytes every attempt, from the key and the secret)."""
+        config = self.config.unsubscribe
+        if (config is None or delivery.channel != EMAIL
+                or not config.applies(lane.bulk, delivery.template_id)):
+            return delivery
+        return replace(delivery, unsubscribe=config.for_recipient(
+            delivery.recipient, delivery.lane, delivery.id))
 
     # -- reporting -------------------------------------------------------------------------
     def _report(

@@ -11,6 +11,7 @@ from postlane.store.seam import translated
 
 with requires("postgres", "a PostgreSQL database"):
     from postlane.store.postgres._base import postgres_errors
+    from postlane.store.postgres._callbacks import CallbacksMixin
     from postlane.store.postgres._claims import ClaimsMixin
     from postlane.store.postgres._http_api import HttpApiMixin
     from postlane.store.postgres._operating import OperatingMixin
@@ -22,6 +23,8 @@ with requires("postgres", "a PostgreSQL database"):
         enqueue_on_sync_connection,
     )
     from postlane.store.postgres._provider_events import ProviderEventsMixin
+    from postlane.store.postgres._routes import RoutesMixin
+    from postlane.store.postgres._second_channel import SecondChannelMixin
     from postlane.store.postgres._templates import TemplatesMixin
 
 __all__ = [
@@ -41,5 +44,8 @@ class PostgresStore(
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,
+    SecondChannelMixin,
+    RoutesMixin,
+    CallbacksMixin,
 ):
     """Every part of the store, over one pool (see ``_base.PostgresBase``)."""

@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from postlane.core.message import Delivery
+from postlane.core.attachments import Attachment
+from postlane.core.message import EMAIL, Delivery
 from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
+from postlane.store.attachments import SELECT_PG, parts_by_delivery
 from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _deliveries
 
 _CLAIM = f"""
 WITH picked AS (
     SELECT id FROM postlane_deliveries
-    WHERE state = 'pending' AND lane = %(lane)s AND run_at <= now()
+    WHERE state = 'pending' AND lane = %(lane)s AND channel = %(channel)s AND run_at <= now()
       AND (import_id IS NULL OR NOT (import_id = ANY(%(exclude_imports)s::text[])))
     ORDER BY run_at, id
     LIMIT %(limit)s
@@ -142,12 +144,21 @@ SELECT id, state FROM u
 
 
 class ClaimsMixin(PostgresBase):
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        if not ids:
+            return {}
+        async with self._pool.connection() as conn:
+            # Binary results: bytea as its bytes, not as hex text twice their size to send
+            # and to parse.
+            cur = await conn.execute(SELECT_PG, (list(ids),), binary=True)
+            return parts_by_delivery(await cur.fetchall())
+
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
-        exclude_imports: Sequence[str] = (),
+        exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
-        params = {"lane": lane, "limit": limit, "owner": owner,
+        params = {"lane": lane, "channel": channel, "limit": limit, "owner": owner,
                   "lease_s": lease.total_seconds(), "exclude_imports": list(exclude_imports)}
         async with self._pool.connection() as conn:
             # Never prepared: a generic plan of this statement is ten times slower.
@@ -200,15 +211,17 @@ class ClaimsMixin(PostgresBase):
             return {row[0] for row in await cur.fetchall()}
 
     async def list_ambiguous(
-        self, limit: int = 100, lanes: Sequence[str] | None = None
+        self, limit: int = 100, lanes: Sequence[str] | None = None,
+        channel: str | None = None,
     ) -> list[Delivery]:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
                 "AND (%s::text[] IS NULL OR lane = ANY(%s::text[])) "
+                "AND (%s::text IS NULL OR channel = %s::text) "
                 "ORDER BY updated_at, id LIMIT %s",
                 (None if lanes is None else list(lanes), None if lanes is None else list(lanes),
-                 limit),
+                 channel, channel, limit),
             )
             return await _deliveries(cur)
 

@@ -23,6 +23,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import APPLICATION, Held, check_held, first_by_key, held_from_row
 from postlane.core.records import TemplateVersion
 from postlane.errors import StoreError
+from postlane.store.attachments import INSERT_ASYNCPG, INSERT_PG, rows_for
 from postlane.store.base import enqueue_results, json_text
 from postlane.store.postgres._producing import (
     _RESERVE_IDS,
@@ -118,7 +119,10 @@ def psycopg2_insert_one(conn: Any, message: Message) -> EnqueueResult:
             cur.execute(INSERT_ONE, _params(message))
             row = cur.fetchone()
             if row:
-                return EnqueueResult(row[0], message.key, created=True)
+                result = EnqueueResult(row[0], message.key, created=True)
+                if message.attachments:
+                    cur.executemany(INSERT_PG, rows_for([message], [result]))
+                return result
             cur.execute(HELD_BY_KEYS, ([message.key],))
             held = _held(cur.fetchall())
             if held:
@@ -142,7 +146,11 @@ def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[Enqueue
         if missing:
             cur.execute(HELD_BY_KEYS, (missing,))
             existing = _existing(first, _held(cur.fetchall()))
-    return enqueue_results(messages, created, existing)
+        results = enqueue_results(messages, created, existing)
+        attachment_rows = rows_for(messages, results)
+        if attachment_rows:
+            cur.executemany(INSERT_PG, attachment_rows)
+    return results
 
 
 def psycopg2_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:
@@ -167,7 +175,10 @@ async def asyncpg_insert_one(conn: Any, message: Message) -> EnqueueResult:
     for _ in range(3):
         rows = await _fetch(conn, INSERT_ONE, _params(message))
         if rows:
-            return EnqueueResult(rows[0][0], message.key, created=True)
+            result = EnqueueResult(rows[0][0], message.key, created=True)
+            if message.attachments:
+                await conn.executemany(INSERT_ASYNCPG, rows_for([message], [result]))
+            return result
         held = _held(await _fetch(conn, HELD_BY_KEYS, ([message.key],)))
         if held:
             _existing({message.key: message}, held)
@@ -190,7 +201,11 @@ async def asyncpg_insert_many(conn: Any, messages: Sequence[Message]) -> list[En
     existing: dict[str, int] = {}
     if missing:
         existing = _existing(first, _held(await _fetch(conn, HELD_BY_KEYS, (missing,))))
-    return enqueue_results(messages, created, existing)
+    results = enqueue_results(messages, created, existing)
+    attachment_rows = rows_for(messages, results)
+    if attachment_rows:
+        await conn.executemany(INSERT_ASYNCPG, attachment_rows)
+    return results
 
 
 async def asyncpg_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:

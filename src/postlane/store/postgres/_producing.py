@@ -16,6 +16,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
+from postlane.store.attachments import INSERT_PG, rows_for
 from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.postgres._base import PostgresBase
@@ -175,7 +176,10 @@ async def enqueue_on_connection(
             await cur.execute(INSERT_ONE, message_params(message, producer))
             row = await cur.fetchone()
             if row:
-                return EnqueueResult(row[0], message.key, created=True)
+                result = EnqueueResult(row[0], message.key, created=True)
+                if message.attachments:
+                    await cur.executemany(INSERT_PG, rows_for([message], [result]))
+                return result
             # The key exists; under READ COMMITTED a fresh statement sees the winner's row.
             await cur.execute(HELD_BY_KEYS, ([message.key],))
             held = [held_from_row(r) for r in await cur.fetchall()]
@@ -229,7 +233,11 @@ async def enqueue_many_on_connection(
             created, held = await _insert_or_find(cur, rows)
             check_held(first, producer, held)
             existing = {row.key: row.id for row in held}
-    return enqueue_results(messages, created, existing)
+        results = enqueue_results(messages, created, existing)
+        attachment_rows = rows_for(messages, results)
+        if attachment_rows:
+            await cur.executemany(INSERT_PG, attachment_rows)
+    return results
 
 
 def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
@@ -278,7 +286,10 @@ def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message,
             cur.execute(INSERT_ONE, message_params(message, producer))
             row = cur.fetchone()
             if row:
-                return EnqueueResult(row[0], message.key, created=True)
+                result = EnqueueResult(row[0], message.key, created=True)
+                if message.attachments:
+                    cur.executemany(INSERT_PG, rows_for([message], [result]))
+                return result
             cur.execute(HELD_BY_KEYS, ([message.key],))
             held = [held_from_row(r) for r in cur.fetchall()]
             if held:
@@ -322,4 +333,8 @@ def enqueue_many_on_sync_connection(
             held = [held_from_row(r) for r in cur.fetchall()]
             check_held(first, producer, held)
             existing = {row.key: row.id for row in held}
-    return enqueue_results(messages, created, existing)
+        results = enqueue_results(messages, created, existing)
+        attachment_rows = rows_for(messages, results)
+        if attachment_rows:
+            cur.executemany(INSERT_PG, attachment_rows)
+    return results

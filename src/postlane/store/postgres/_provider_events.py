@@ -4,94 +4,110 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
+from postlane.core.addresses import address_spellings, suppression_address
+from postlane.core.deliverability import (
+    DEFAULT_POLICY,
+    SuppressionPolicy,
+    counts_soft_bounces,
+    source_of,
+    suppression_for,
+)
 from postlane.core.message import Delivery
 from postlane.core.records import (
     STATUS_RANK,
+    LaneDeliverability,
     ProviderEvent,
     ProviderEventResult,
     Suppression,
-    suppression_for,
+    deliverability_from_rows,
 )
 from postlane.store.postgres._base import PostgresBase
 
 
 class ProviderEventsMixin(PostgresBase):
     # -- provider events and the suppression list -------------------------------------------
-    async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
+    async def record_provider_event(
+        self, event: ProviderEvent, policy: SuppressionPolicy = DEFAULT_POLICY,
+    ) -> ProviderEventResult:
         async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(
-                "SELECT id, lane, recipient FROM postlane_deliveries "
-                "WHERE provider_message_id = %s ORDER BY id DESC LIMIT 1",
-                (event.provider_message_id,),
-            )
-            found = await cur.fetchone()
+            found = await _event_delivery(conn, event)
             delivery_id = found[0] if found else None
+            lane = event.lane or (found[1] if found else None)
+            recipient = event.recipient or (found[2] if found else None)
+            address = suppression_address(recipient) if recipient else None
             cur = await conn.execute(
                 "INSERT INTO postlane_provider_events "
-                "(provider, event_id, kind, provider_message_id, delivery_id) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING event_id",
+                "(provider, event_id, kind, provider_message_id, delivery_id, recipient, lane) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING event_id",
                 (event.provider, event.event_id, event.kind, event.provider_message_id,
-                 delivery_id),
+                 delivery_id, address, lane),
             )
             if await cur.fetchone() is None:
                 return ProviderEventResult(True, delivery_id, False)
-            if found is None:
-                return ProviderEventResult(False, None, False)
-            _, lane, recipient = found
-            await conn.execute(
-                "INSERT INTO postlane_events (delivery_id, kind, state, data) "
-                "VALUES (%s, %s, NULL, %s)",
-                (delivery_id, f"provider:{event.kind}",
-                 Jsonb({"provider": event.provider, "event_id": event.event_id,
-                        **dict(event.data)})),
-            )
-            cur = await conn.execute(
-                f"UPDATE postlane_deliveries SET provider_status = %(kind)s "
-                f"WHERE id = %(id)s AND {_rank('provider_status')} < {_rank('%(kind)s')} "
-                f"RETURNING id", {"kind": event.kind, "id": delivery_id},
-            )
-            changed = await cur.fetchone() is not None
-            suppressed = None
-            rule = suppression_for(event, lane)
-            if rule is not None:
-                address = (event.recipient or recipient).lower()
+            changed = False
+            if found is not None:
                 await conn.execute(
-                    "INSERT INTO postlane_suppressions (address, stream, reason, delivery_id) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (address, rule[0], rule[1], delivery_id),
+                    "INSERT INTO postlane_events (delivery_id, kind, state, data) "
+                    "VALUES (%s, %s, NULL, %s)",
+                    (delivery_id, f"provider:{event.kind}",
+                     Jsonb({"provider": event.provider, "event_id": event.event_id,
+                            **dict(event.data)})),
                 )
-                suppressed = address
-            return ProviderEventResult(False, delivery_id, changed, suppressed, lane)
+                cur = await conn.execute(
+                    f"UPDATE postlane_deliveries SET provider_status = %(kind)s "
+                    f"WHERE id = %(id)s AND {_rank('provider_status')} < {_rank('%(kind)s')} "
+                    f"RETURNING id", {"kind": event.kind, "id": delivery_id},
+                )
+                changed = await cur.fetchone() is not None
+            if address is None or (found is None and event.lane is None):
+                return ProviderEventResult(False, delivery_id, changed)
+            soft = 0
+            if counts_soft_bounces(event):
+                cur = await conn.execute(
+                    "SELECT count(*) FROM postlane_provider_events WHERE recipient = %s "
+                    "AND kind = 'soft_bounced' AND received_at > now() - make_interval(secs => %s)",
+                    (address, policy.soft_bounce_window.total_seconds()),
+                )
+                soft = int((await cur.fetchone() or (0,))[0])
+            rule = suppression_for(event, lane, soft_bounces=soft, policy=policy)
+            if rule is None:
+                return ProviderEventResult(False, delivery_id, changed)
+            await _upsert_suppression(conn, address, rule.stream, rule.reason, delivery_id,
+                                      source_of(event), rule.expires_in)
+            return ProviderEventResult(False, delivery_id, changed, address)
 
     async def suppress(self, address: str, stream: str, reason: str,
-                       delivery_id: int | None = None) -> bool:
+                       delivery_id: int | None = None, *, source_event: str | None = None,
+                       expires_in: timedelta | None = None) -> bool:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "INSERT INTO postlane_suppressions (address, stream, reason, delivery_id) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING address",
-                (address.lower(), stream, reason, delivery_id),
-            )
-            return await cur.fetchone() is not None
+            return await _upsert_suppression(conn, suppression_address(address), stream, reason,
+                                             delivery_id, source_event, expires_in)
 
     async def unsuppress(self, address: str, stream: str | None = None) -> int:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM postlane_suppressions WHERE address = %s "
-                "AND (%s::text IS NULL OR stream = %s)", (address.lower(), stream, stream),
+                "DELETE FROM postlane_suppressions WHERE address = ANY(%s) "
+                "AND (%s::text IS NULL OR stream = %s)",
+                (address_spellings(address), stream, stream),
             )
             return cur.rowcount
 
     async def list_suppressions(self, address: str | None = None,
                                 limit: int = 100) -> list[Suppression]:
+        spellings = address_spellings(address) if address else None
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT address, stream, reason, delivery_id, created_at "
-                "FROM postlane_suppressions WHERE (%s::text IS NULL OR address = %s) "
+                "SELECT address, stream, reason, delivery_id, created_at, source_event, "
+                "expires_at FROM postlane_suppressions "
+                "WHERE (%s::text[] IS NULL OR address = ANY(%s)) "
                 "ORDER BY created_at DESC LIMIT %s",
-                (address and address.lower(), address and address.lower(), limit),
+                (spellings, spellings, limit),
             )
             return [Suppression(*row) for row in await cur.fetchall()]
 
@@ -103,9 +119,10 @@ class ProviderEventsMixin(PostgresBase):
                 "SELECT t.id, s.reason FROM jsonb_to_recordset(%s::jsonb) "
                 "AS t(id bigint, address text, lane text) "
                 "JOIN postlane_suppressions s ON s.address = t.address "
-                "AND s.stream IN (t.lane, '*')",
-                (json.dumps([{"id": d.id, "address": d.recipient.lower(), "lane": d.lane}
-                             for d in deliveries]),),
+                "AND s.stream IN (t.lane, '*') "
+                "AND (s.expires_at IS NULL OR s.expires_at > now())",
+                (json.dumps([{"id": d.id, "address": a, "lane": d.lane}
+                             for d in deliveries for a in address_spellings(d.recipient)]),),
             )
             return {row[0]: row[1] for row in await cur.fetchall()}
 
@@ -115,16 +132,84 @@ class ProviderEventsMixin(PostgresBase):
                 """WITH u AS (
                     UPDATE postlane_deliveries SET state = 'pending', run_at = now(),
                         finished_at = NULL, updated_at = now()
-                    WHERE lower(recipient) = %(address)s AND state = 'suppressed'
+                    WHERE lower(recipient) = ANY(%(address)s) AND state = 'suppressed'
                     RETURNING id
                 ), ev AS (
                     INSERT INTO postlane_events (delivery_id, kind, state, data)
                     SELECT id, 'unsuppressed', 'pending', '{}'::jsonb FROM u
-                ) SELECT id FROM u ORDER BY id""", {"address": address.lower()},
+                ) SELECT id FROM u ORDER BY id""", {"address": address_spellings(address)},
             )
             ids = [row[0] for row in await cur.fetchall()]
         self._wakeup.set()
         return ids
+
+
+    async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
+        seconds = window.total_seconds()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT lane, count(*) FROM postlane_deliveries WHERE state = 'sent' "
+                "AND finished_at > now() - make_interval(secs => %s) GROUP BY lane", (seconds,),
+            )
+            sent = {lane: int(n) for lane, n in await cur.fetchall()}
+            cur = await conn.execute(
+                "SELECT lane, kind, count(*) FROM postlane_provider_events "
+                "WHERE lane IS NOT NULL AND received_at > now() - make_interval(secs => %s) "
+                "GROUP BY lane, kind", (seconds,),
+            )
+            events = await cur.fetchall()
+        return deliverability_from_rows(self.limits.lanes, sent, events)
+
+    async def provider_event_totals(self) -> dict[tuple[str, str], int]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT kind, COALESCE(lane, ''), count(*) FROM postlane_provider_events "
+                "GROUP BY 1, 2"
+            )
+            return {(kind, lane): int(n) for kind, lane, n in await cur.fetchall()}
+
+
+async def _event_delivery(conn: AsyncConnection[Any],
+                          event: ProviderEvent) -> tuple[int, str, str] | None:
+    """(id, lane, recipient) of the delivery an event concerns: by id, provider message id,
+    then idempotency key (see ``ProviderEvent``)."""
+    lookups = (("id", event.delivery_id), ("provider_message_id", event.provider_message_id),
+               ("idempotency_key", event.idempotency_key))
+    for column, value in lookups:
+        if value is None:
+            continue
+        cur = await conn.execute(
+            f"SELECT id, lane, recipient FROM postlane_deliveries WHERE {column} = %s "
+            f"ORDER BY id DESC LIMIT 1", (value,),
+        )
+        row = await cur.fetchone()
+        if row is not None:
+            return int(row[0]), str(row[1]), str(row[2])
+    return None
+
+
+async def _upsert_suppression(conn: AsyncConnection[Any], address: str, stream: str,
+                              reason: str, delivery_id: int | None, source_event: str | None,
+                              expires_in: timedelta | None) -> bool:
+    """Add a suppression, or replace one that ends sooner (an expired one, or a soft-bounce
+    entry that a hard bounce makes permanent); True when something was written."""
+    cur = await conn.execute(
+        """INSERT INTO postlane_suppressions
+               (address, stream, reason, delivery_id, source_event, expires_at)
+           VALUES (%(address)s, %(stream)s, %(reason)s, %(delivery)s, %(source)s,
+                   now() + make_interval(secs => %(seconds)s))
+           ON CONFLICT (address, stream) DO UPDATE SET reason = EXCLUDED.reason,
+               delivery_id = EXCLUDED.delivery_id, source_event = EXCLUDED.source_event,
+               expires_at = EXCLUDED.expires_at, created_at = now()
+           WHERE postlane_suppressions.expires_at IS NOT NULL
+             AND (EXCLUDED.expires_at IS NULL
+                  OR EXCLUDED.expires_at > postlane_suppressions.expires_at)
+           RETURNING address""",
+        {"address": address, "stream": stream, "reason": reason, "delivery": delivery_id,
+         "source": source_event,
+         "seconds": None if expires_in is None else expires_in.total_seconds()},
+    )
+    return await cur.fetchone() is not None
 
 
 def _rank(expression: str) -> str:

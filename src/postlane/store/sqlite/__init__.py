@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from postlane.store.seam import translated
 from postlane.store.sqlite._base import NOW, SQLiteBase, connect, sqlite_errors
+from postlane.store.sqlite._callbacks import CallbacksMixin
 from postlane.store.sqlite._claims import ClaimsMixin
 from postlane.store.sqlite._http_api import HttpApiMixin
 from postlane.store.sqlite._operating import OperatingMixin
@@ -20,6 +21,8 @@ from postlane.store.sqlite._producing import (
     message_params,
 )
 from postlane.store.sqlite._provider_events import ProviderEventsMixin
+from postlane.store.sqlite._routes import RoutesMixin
+from postlane.store.sqlite._second_channel import SecondChannelMixin
 from postlane.store.sqlite._templates import TemplatesMixin
 
 __all__ = [
@@ -42,5 +45,8 @@ class SQLiteStore(
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,
+    SecondChannelMixin,
+    RoutesMixin,
+    CallbacksMixin,
 ):
     """Every part of the store, over one connection (see ``_base.SQLiteBase``)."""

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from postlane.core.message import Delivery
+from postlane.core.attachments import Attachment
+from postlane.core.message import EMAIL, Delivery
 from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
+from postlane.store.attachments import SELECT_SQLITE, parts_by_delivery
 from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.sqlite._base import (
     _COLS,
@@ -68,10 +70,17 @@ _SET_STATE_IF_AMBIGUOUS = _SET_STATE_TEMPLATE.replace("__GUARD__", "d.state = 'a
 
 
 class ClaimsMixin(SQLiteBase):
+    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+        if not ids:
+            return {}
+        batch = json.dumps(list(ids))
+        return await self._run(lambda: parts_by_delivery(
+            self.conn.execute(SELECT_SQLITE, (batch,)).fetchall()))
+
     # -- the worker's path -----------------------------------------------------------------
     async def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
-        exclude_imports: Sequence[str] = (),
+        exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
         excluded = json.dumps(list(exclude_imports))
 
@@ -85,14 +94,15 @@ class ClaimsMixin(SQLiteBase):
                         attempt_started_at = NULL, updated_at = {NOW}
                     WHERE id IN (
                         SELECT id FROM postlane_deliveries
-                        WHERE state = 'pending' AND lane = :lane AND run_at <= {NOW}
+                        WHERE state = 'pending' AND lane = :lane AND channel = :channel
+                          AND run_at <= {NOW}
                           AND (import_id IS NULL OR import_id NOT IN
                                (SELECT value FROM json_each(:excluded)))
                         ORDER BY run_at, id LIMIT :limit)
                     RETURNING {_COLS}
                     """,
                     {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
-                     "limit": limit, "excluded": excluded},
+                     "channel": channel, "limit": limit, "excluded": excluded},
                 ).fetchall()
                 conn.executemany(_INSERT_EVENT, [
                     (r[0], "claimed", "sending",
@@ -141,14 +151,17 @@ class ClaimsMixin(SQLiteBase):
                                transitions)
 
     async def list_ambiguous(
-        self, limit: int = 100, lanes: Sequence[str] | None = None
+        self, limit: int = 100, lanes: Sequence[str] | None = None,
+        channel: str | None = None,
     ) -> list[Delivery]:
         def _list() -> list[Delivery]:
             rows = self.conn.execute(
                 f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
                 "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
+                "AND (:channel IS NULL OR channel = :channel) "
                 "ORDER BY updated_at, id LIMIT :limit",
-                {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit},
+                {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit,
+                 "channel": channel},
             ).fetchall()
             return [_read(self.conn, r) for r in rows]
         return await self._run(self._tolerating_bad_text, _list)

@@ -12,6 +12,7 @@ from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import Held, check_held, first_by_key, held_from_row
 from postlane.core.validation import validate
 from postlane.errors import StoreError
+from postlane.store.attachments import INSERT_SQLITE, rows_for
 from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
@@ -71,7 +72,10 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
     row = conn.execute(INSERT_ONE, message_params(message, producer)).fetchone()
     if row is not None:
         conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
-        return EnqueueResult(row[0], message.key, created=True)
+        result = EnqueueResult(row[0], message.key, created=True)
+        if message.attachments:
+            write_attachments(conn, [message], [result])
+        return result
     held = held_by_keys(conn, [message.key])
     if not held:  # pragma: no cover - SQLite serialises writers, so the winner is visible
         raise StoreError(f"key {message.key!r} conflicts but no row is visible")
@@ -140,7 +144,17 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
         held = held_by_keys(conn, missing)
         check_held(first, producer, held)
         existing = {row.key: row.id for row in held}
-    return enqueue_results(messages, created, existing)
+    results = enqueue_results(messages, created, existing)
+    write_attachments(conn, messages, results)
+    return results
+
+
+def write_attachments(conn: sqlite3.Connection, messages: Sequence[Message],
+                      results: Sequence[EnqueueResult]) -> None:
+    """The parts of the deliveries just created, in the same transaction."""
+    rows = rows_for(messages, results)
+    if rows:
+        conn.cursor().executemany(INSERT_SQLITE, rows)
 
 
 class ProducingMixin(SQLiteBase):
