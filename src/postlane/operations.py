@@ -190,6 +190,13 @@ async def resolve_matching(
                        dry_run=dry_run, act=act)
 
 
+async def stored_attachment(store: OperatorStore, delivery_id: int,
+                            position: int) -> Attachment | None:
+    """One part of a delivery as stored (and sent): for an operator's download."""
+    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
+    return parts[position] if 0 <= position < len(parts) else None
+
+
 __all__ = [
     "BulkResult",
     "ConfirmationRequired",
@@ -201,10 +208,3 @@ __all__ = [
     "resolve_matching",
     "stored_attachment",
 ]
-
-
-async def stored_attachment(store: OperatorStore, delivery_id: int,
-                            position: int) -> Attachment | None:
-    """One part of a delivery as stored (and sent): for an operator's download."""
-    parts = (await store.attachments_among([delivery_id])).get(delivery_id, ())
-    return parts[position] if 0 <= position < len(parts) else None
