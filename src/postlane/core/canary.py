@@ -24,6 +24,7 @@ HOLD = timedelta(days=3650)
 """How far a held delivery's ``run_at`` is pushed: far beyond any backoff or Retry-After,
 so "due later than ``HELD_BEYOND`` from now" tells a held delivery from a waiting retry."""
 HELD_BEYOND = timedelta(days=365)
+assert HOLD > 2 * HELD_BEYOND  # a held delivery stays "held" for years after it was written
 
 _FINISHED = ("sent", "dead", "expired", "cancelled", "suppressed")
 _FAILED = ("dead", "expired")

@@ -492,6 +492,8 @@ class ChannelStats:
 
     pending: dict[str, int]
     fallbacks: dict[str, int]
+    sending: dict[str, int] = field(default_factory=dict)
+    """Leased (in flight) by channel, read in the same statement as ``pending``."""
 
     def as_json(self) -> dict[str, Any]:
         return {"pending_by_channel": dict(self.pending), "sms_fallbacks": dict(self.fallbacks)}

@@ -167,8 +167,8 @@ def dead_letter_counts(
 
 
 CHANNEL_STATS = """
-SELECT 'pending', channel, count(*) FROM postlane_deliveries
-WHERE state = 'pending' GROUP BY channel
+SELECT state, channel, count(*) FROM postlane_deliveries
+WHERE state IN ('pending', 'sending') GROUP BY state, channel
 UNION ALL
 SELECT 'fallback', CASE WHEN sms_id IS NULL THEN 'no_sms' ELSE reason END, count(*)
 FROM postlane_sms_fallbacks GROUP BY 2
@@ -178,8 +178,9 @@ FROM postlane_sms_fallbacks GROUP BY 2
 
 def channel_stats(rows: Sequence[Sequence[Any]]) -> ChannelStats:
     pending = {str(r[1]): int(r[2]) for r in rows if r[0] == "pending"}
+    sending = {str(r[1]): int(r[2]) for r in rows if r[0] == "sending"}
     fallbacks = {str(r[1]): int(r[2]) for r in rows if r[0] == "fallback"}
-    return ChannelStats(pending, fallbacks)
+    return ChannelStats(pending, fallbacks, sending)
 
 
 class Store(

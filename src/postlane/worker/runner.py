@@ -303,14 +303,12 @@ class Worker:
     async def _drained(self) -> bool:
         if self._send_tasks or self._held or self.acker.pending:
             return False
-        states = (await self.store.stats()).states
-        if states.get("sending", 0):
-            return False
-        # Only this worker's channel: SMS waiting for an SMS worker is not this one's to send.
-        pending = states.get("pending", 0)
-        if pending:
-            pending = (await self.store.channel_stats()).pending.get(self.provider.channel, 0)
-        return pending == 0
+        # One statement, one snapshot (a claim between two readings would look like "done").
+        # Pending of this worker's channel only: an SMS waiting for an SMS worker is not this
+        # one's to send; anything in flight, of any channel, is waited for.
+        channels = await self.store.channel_stats()
+        return (channels.pending.get(self.provider.channel, 0) == 0
+                and sum(channels.sending.values()) == 0)
 
     def _wake_lanes(self) -> None:
         for event in self._lane_wakeup.values():

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from postlane.core.canary import HELD_BEYOND, HOLD
+from postlane.core.canary import HELD_BEYOND
 from postlane.core.fallback import CANDIDATE_STATES
 from postlane.core.message import Delivery, Message
 from postlane.core.producers import FALLBACK_PRODUCER
@@ -213,5 +213,3 @@ async def _release(conn: psycopg.AsyncConnection[Any], import_id: str, why: str)
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 
-
-assert HOLD > HELD_BEYOND * 2
