@@ -120,3 +120,30 @@ async def test_a_closed_gate_gives_no_slot() -> None:
     assert not await pacer.wait_for_slot("bulk", 0.1, 0.0)
     assert await pacer.gate_remaining() > 4.0
     assert await pacer.reserve("bulk", 1) is None  # shut for longer than a batch waits
+
+
+async def test_a_bulk_lane_leaves_the_far_half_of_the_horizon_to_interactive_mail() -> None:
+    """A digest burst books as many slots as it may; a reset that arrives then still takes
+    a slot at once (about half a horizon out), instead of racing the burst's poller for
+    each slot that frees."""
+    clock = FakeClock()
+    limiter = MemoryLimiter(rate=100.0, clock=clock.monotonic)
+    pacer = Pacer(limiter, ["interactive", "bulk"], Counter(), horizon_s=0.1,
+                  late_slot_s=0.015, clock=clock, yielding=["bulk"])
+    bulk = await pacer.reserve("bulk", 100)
+    assert bulk is not None
+    assert max(bulk[0]) <= 0.05 + 1e-9  # half the horizon, and no further
+    waited_before = list(clock.sleeps)
+    reset = await pacer.reserve("interactive", 1)
+    assert reset is not None and len(reset[0]) == 1
+    assert reset[0][0] <= 0.1
+    assert clock.sleeps == waited_before  # granted at once: no retry, no wait
+
+
+async def test_without_yielding_the_reset_finds_the_horizon_full() -> None:
+    """The same burst booking the whole horizon: the limiter has nothing for the reset."""
+    clock = FakeClock()
+    limiter = MemoryLimiter(rate=100.0, clock=clock.monotonic)
+    await limiter.reserve(100, 0.1, "bulk")
+    denied = await limiter.reserve(1, 0.1, "interactive")
+    assert denied.delays_s == [] and denied.retry_in_s > 0

@@ -6,6 +6,13 @@ limiter answer, or a slow gate check) every send whose slot passed meanwhile wou
 once, on top of the on-time sends of other tasks and processes, and overfill the provider's
 one-second window. Such a send takes a fresh slot instead.
 
+Why bulk lanes book less far ahead: every lane shares one ceiling, and a slot booked is gone.
+If the bulk lane booked as far ahead as the interactive one, the horizon would be full of
+digests whenever a reset arrived, and the reset would race the bulk lane's poller for each
+slot that frees (each lost race costs it a whole booking of digests: seconds, now and then).
+A yielding lane books only ``YIELDING_HORIZON_SHARE`` of the horizon, so the rest of it is
+always free for the others: a reset takes a slot at once, about half a horizon out.
+
 Every failed limiter call (Redis down) is counted in ``counters["limiter_errors"]``
 (``postlane_limiter_errors_total``): the callers log it and release the deliveries unspent.
 """
@@ -19,6 +26,9 @@ from collections.abc import Iterable
 from postlane.limiter.base import RateLimiter
 from postlane.worker.clock import Clock
 
+YIELDING_HORIZON_SHARE = 0.5
+"""The share of the horizon a yielding (bulk) lane books ahead."""
+
 LONG_GATE_S = 2.0
 """A gate (someone's 429) shut for longer than this is not waited out: the batch goes back to
 the store, unspent, rather than holding claims and slots."""
@@ -27,10 +37,12 @@ the store, unspent, rather than holding claims and slots."""
 class Pacer:
     def __init__(self, limiter: RateLimiter | None, lanes: Iterable[str],
                  counters: Counter[str], *, horizon_s: float, late_slot_s: float,
-                 clock: Clock) -> None:
+                 clock: Clock, yielding: Iterable[str] = ()) -> None:
         self.limiter = limiter
         self.counters = counters
         self.horizon_s = horizon_s
+        self._yielding = frozenset(yielding)
+        """Lanes that leave the far part of the horizon to the others (the bulk lanes)."""
         self.late_slot_s = late_slot_s
         self.clock = clock
         # One limiter poller per lane: without it every waiting batch polls the limiter at
@@ -52,7 +64,7 @@ class Pacer:
             while True:
                 asked = self.clock.monotonic()
                 try:
-                    reservation = await self.limiter.reserve(n, self.horizon_s, lane)
+                    reservation = await self.limiter.reserve(n, self.horizon_for(lane), lane)
                 except Exception:
                     self.counters["limiter_errors"] += 1
                     raise
@@ -63,6 +75,12 @@ class Pacer:
                     return None
                 self.counters["limiter_waits"] += 1
                 await self.clock.sleep(reservation.retry_in_s)
+
+    def horizon_for(self, lane: str) -> float:
+        """How far ahead ``lane`` books send slots (see the module docstring)."""
+        if lane in self._yielding:
+            return self.horizon_s * YIELDING_HORIZON_SHARE
+        return self.horizon_s
 
     async def gate_remaining(self) -> float:
         if self.limiter is None:

@@ -93,9 +93,9 @@ class WorkerConfig:
     ack_interval_s: float = 0.005
     limiter_horizon_s: float = 0.1
     """How far ahead a lane books send slots at the limiter. Every lane shares one ceiling, so
-    a message of another lane queues behind what is booked: a reset waits up to this long
-    behind a digest burst's slots. A tenth of a second is still a hundred limiter round trips
-    ahead of the send."""
+    a message of another lane queues behind what is booked; bulk lanes book only half as far
+    (``worker.pacer``), so a reset takes a slot at once, about half this far out. A tenth of a
+    second is still a hundred limiter round trips ahead of the send."""
     late_slot_s: float = 0.015
     """A send slot possibly missed by more than this (the event loop stalled, or the limiter's
     answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
@@ -218,7 +218,8 @@ class Worker:
             provider, limiter,
             FleetBreaker(self.store, provider.account, self.owner, config.breaker),
             Pacer(limiter, self.lanes, self.counters, horizon_s=config.limiter_horizon_s,
-                  late_slot_s=config.late_slot_s, clock=self.clock),
+                  late_slot_s=config.late_slot_s, clock=self.clock,
+                  yielding=[lane.name for lane in config.lanes if lane.bulk]),
             traits_of(provider), position)
 
     def _route_named(self, name: str) -> ProviderRoute | None:
