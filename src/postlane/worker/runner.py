@@ -91,11 +91,11 @@ class WorkerConfig:
     rescue_interval_s: float = 2.0
     controls_interval_s: float = 0.5
     ack_interval_s: float = 0.005
-    limiter_horizon_s: float = 0.1
+    limiter_horizon_s: float = 0.2
     """How far ahead a lane books send slots at the limiter. Every lane shares one ceiling, so
     a message of another lane queues behind what is booked; bulk lanes book only half as far
-    (``worker.pacer``), so a reset takes a slot at once, about half this far out. A tenth of a
-    second is still a hundred limiter round trips ahead of the send."""
+    (``worker.pacer``: a tenth of a second, a hundred limiter round trips ahead of the send),
+    so a reset takes a slot at once, about a tenth of a second out."""
     late_slot_s: float = 0.015
     """A send slot possibly missed by more than this (the event loop stalled, or the limiter's
     answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
