@@ -158,6 +158,126 @@ class DeadLetterFilter:
     """Also entries discarded or whose delivery is no longer dead (replayed and sent)."""
 
 
+# -- the on-call view: the messages browser, workers, outcomes over time ---------------------
+MESSAGE_STATES: tuple[str, ...] = (
+    "pending", "retrying", "sending", "ambiguous", "sent", "dead", "expired", "cancelled",
+    "suppressed",
+)
+"""What the messages browser filters by: the delivery states, with ``pending`` split in two
+(``pending``: not attempted yet; ``retrying``: pending again after a failed attempt)."""
+
+QUEUED = "queued"
+"""A selection state beside ``MESSAGE_STATES``: pending, attempted or not (what a bulk
+cancel takes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageFilter:
+    """A selection of deliveries: the messages browser's filters and what a bulk action
+    acts on. Every field narrows (exact matches); none set is every delivery."""
+
+    state: str | None = None
+    """One of ``MESSAGE_STATES``."""
+    lane: str | None = None
+    import_id: str | None = None
+    template_id: str | None = None
+    recipient: str | None = None
+    key: str | None = None
+    max_id: int | None = None
+    """Only ids up to this one: a bulk action confirmed for the deliveries counted then
+    does not also take those enqueued since."""
+
+    def __post_init__(self) -> None:
+        if self.state is not None and self.state not in (*MESSAGE_STATES, QUEUED):
+            raise ValueError(f"unknown state {self.state!r}; one of {', '.join(MESSAGE_STATES)}")
+
+    def with_state(self, state: str) -> MessageFilter:
+        """This selection narrowed to ``state`` (a bulk action's own state)."""
+        return MessageFilter(state, self.lane, self.import_id, self.template_id,
+                             self.recipient, self.key, self.max_id)
+
+    def as_query(self) -> dict[str, str]:
+        """The fields that are set, as text (for links and hidden form fields)."""
+        return {name: str(value) for name in FILTER_FIELDS
+                if (value := getattr(self, name)) is not None}
+
+
+FILTER_FIELDS: tuple[str, ...] = (
+    "state", "lane", "import_id", "template_id", "recipient", "key", "max_id",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySummary:
+    """One line of the messages browser: a delivery without its content."""
+
+    id: int
+    key: str
+    lane: str
+    recipient: str
+    subject: str
+    state: str
+    attempts: int
+    claims: int
+    created_at: datetime | None
+    """None only for a row whose time no reader can hold (a poison row)."""
+    updated_at: datetime | None
+    template_id: str | None
+    import_id: str | None
+    dead_reason: str | None
+
+    @property
+    def view_state(self) -> str:
+        """The state as the browser filters it (``retrying`` apart from ``pending``)."""
+        return "retrying" if self.state == "pending" and self.attempts > 0 else self.state
+
+
+GONE_AFTER_BEATS = 3.0
+"""A worker whose last heartbeat is older than this many of its intervals is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """What a running worker writes about itself every few seconds."""
+
+    owner: str
+    host: str
+    pid: int
+    version: str
+    provider: str
+    lanes: Mapping[str, float]
+    """Lane -> share of the worker's send slots."""
+    in_flight: int
+    interval_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeen:
+    """A worker's last heartbeat as read back, with its age on the database clock."""
+
+    heartbeat: WorkerHeartbeat
+    started_at: datetime
+    heartbeat_at: datetime
+    age_s: float
+
+    @property
+    def gone(self) -> bool:
+        return self.age_s > GONE_AFTER_BEATS * self.heartbeat.interval_s
+
+
+OUTCOME_SERIES: tuple[str, ...] = ("sent", "throttled", "transient", "ambiguous", "dead")
+"""The outcomes counted per minute and lane (dead: dead-letter arrivals, expiry included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeMinute:
+    minute: int
+    """Unix seconds at the start of the minute (database clock)."""
+    lane: str
+    outcome: str
+    count: int
+
+
 # -- provider events and the suppression list ----------------------------------------------
 STATUS_RANK: dict[str, int] = {
     "deferred": 0, "delivered": 1, "opened": 2, "clicked": 2, "bounced": 3, "complained": 4,

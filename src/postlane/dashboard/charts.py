@@ -46,7 +46,12 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
         y = pad_top + inner - (v / scale) * inner
         return f"{x:.1f},{y:.1f}"
 
-    peak_text = human_seconds(peak) if unit == "s" else f"{peak:,.0f}"
+    if unit == "s":
+        peak_text = human_seconds(peak)
+    elif unit == "/s":
+        peak_text = f"{peak:,.2f}/s"
+    else:
+        peak_text = f"{peak:,.0f}"
     span = human_span(window_s)
     title = f"{label}: last {span}, max {peak_text}"
     parts = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from postlane.core.message import EnqueueResult, Message
@@ -27,11 +27,14 @@ from postlane.core.records import (
     Control,
     DeadLetter,
     DeadLetterFilter,
+    DeliverySummary,
     Event,
     ImportCounts,
     ImportProgress,
     ImportRecord,
     LaneStats,
+    MessageFilter,
+    OutcomeMinute,
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
@@ -40,6 +43,8 @@ from postlane.core.records import (
     TemplateDeletion,
     TemplateVersion,
     Transition,
+    WorkerHeartbeat,
+    WorkerSeen,
     bound_response,
     check_template_id,
     import_counts_from_rows,
@@ -66,6 +71,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "IMPORT_COLUMNS",
     "MAX_RESPONSE_CHARS",
     "STATUS_RANK",
+    "SUMMARY_COLUMNS",
     "TEMPLATE_REFERENCE_CONDITION",
     "ApiKey",
     "ApiKeyStore",
@@ -73,6 +79,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "Control",
     "DeadLetter",
     "DeadLetterFilter",
+    "DeliverySummary",
     "Event",
     "FleetStore",
     "ImportCounts",
@@ -80,7 +87,9 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "ImportRecord",
     "ImportStore",
     "LaneStats",
+    "MessageFilter",
     "OperatorStore",
+    "OutcomeMinute",
     "ProducerStore",
     "ProviderEvent",
     "ProviderEventResult",
@@ -94,6 +103,8 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "TemplateStore",
     "TemplateVersion",
     "Transition",
+    "WorkerHeartbeat",
+    "WorkerSeen",
     "WorkerStore",
     "bound_response",
     "check_template_id",
@@ -102,6 +113,8 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "find_conditions",
     "import_counts_from_rows",
     "json_text",
+    "message_conditions",
+    "summary",
     "suppression_for",
 ]
 
@@ -145,6 +158,66 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     if selection.replayed is not None:
         conditions.append("dl.replay_count > 0" if selection.replayed else "dl.replay_count = 0")
     return (" AND ".join(conditions) or "1 = 1"), params
+
+
+_VIEW_STATES = {
+    "pending": "d.state = 'pending' AND d.attempts = 0",
+    "retrying": "d.state = 'pending' AND d.attempts > 0",
+    "queued": "d.state = 'pending'",
+}
+
+
+def message_conditions(selection: MessageFilter, ph: Callable[[str], str],
+                       before_id: int | None = None) -> tuple[str, dict[str, Any]]:
+    """SQL conditions over ``d`` (deliveries) for a messages-browser selection and a keyset
+    page (ids below ``before_id``), and their params. Every condition is an equality (or a
+    range on the id) so that one index answers it: see migration 0011."""
+    conditions: list[str] = []
+    params: dict[str, Any] = {}
+    if selection.state is not None:
+        view = _VIEW_STATES.get(selection.state)
+        if view is None:
+            conditions.append(f"d.state = {ph('state')}")
+            params["state"] = selection.state
+        else:
+            conditions.append(view)
+    for name, column in (("lane", "d.lane"), ("import_id", "d.import_id"),
+                         ("template_id", "d.template_id"), ("recipient", "d.recipient"),
+                         ("key", "d.idempotency_key")):
+        value = getattr(selection, name)
+        if value is not None:
+            conditions.append(f"{column} = {ph(name)}")
+            params[name] = value
+    if selection.max_id is not None:
+        conditions.append(f"d.id <= {ph('max_id')}")
+        params["max_id"] = selection.max_id
+    if before_id is not None:
+        conditions.append(f"d.id < {ph('before_id')}")
+        params["before_id"] = before_id
+    return (" AND ".join(conditions) or "1 = 1"), params
+
+
+SUMMARY_COLUMNS = (
+    "d.id, d.idempotency_key, d.lane, d.recipient, d.subject, d.state, d.attempts, d.claims, "
+    "{created}, {updated}, d.template_id, d.import_id, d.dead_reason"
+)
+"""The fields of ``DeliverySummary``, in order; each engine fills in how it reads a time as
+unix seconds (a float, so that a poison row's year 10000 reads instead of failing a page)."""
+
+
+def summary(row: Sequence[Any]) -> DeliverySummary:
+    """A ``DeliverySummary`` from ``SUMMARY_COLUMNS`` (times as unix seconds)."""
+    values = list(row)
+    for index in (8, 9):
+        values[index] = _from_unix(values[index])
+    return DeliverySummary(*values)
+
+
+def _from_unix(value: float | None) -> datetime | None:
+    try:
+        return None if value is None else datetime.fromtimestamp(float(value), UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 class Store(

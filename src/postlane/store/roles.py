@@ -22,10 +22,13 @@ from postlane.core.records import (
     Control,
     DeadLetter,
     DeadLetterFilter,
+    DeliverySummary,
     Event,
     ImportCounts,
     ImportProgress,
     ImportRecord,
+    MessageFilter,
+    OutcomeMinute,
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
@@ -34,6 +37,8 @@ from postlane.core.records import (
     TemplateDeletion,
     TemplateVersion,
     Transition,
+    WorkerHeartbeat,
+    WorkerSeen,
 )
 from postlane.core.validation import Limits
 
@@ -113,6 +118,15 @@ class FleetStore(Protocol):
     @abc.abstractmethod
     async def stats(self) -> Stats: ...
 
+    @abc.abstractmethod
+    async def list_workers(self) -> list[WorkerSeen]:
+        """Every worker's last heartbeat (gone ones too, until they are cleaned up), by
+        host and pid; ages on the database clock."""
+
+    @abc.abstractmethod
+    async def outcome_minutes(self, window: timedelta) -> list[OutcomeMinute]:
+        """Outcome counts per minute and lane over the last ``window``, oldest first."""
+
 
 class WorkerStore(FleetStore, Protocol):
     """The worker's path, every operation guarded so a worker moves only the deliveries it
@@ -176,6 +190,17 @@ class WorkerStore(FleetStore, Protocol):
     async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
         """Which of these deliveries go to a suppressed address (id -> reason)."""
 
+    @abc.abstractmethod
+    async def record_heartbeat(self, heartbeat: WorkerHeartbeat,
+                               outcomes: Mapping[tuple[str, str], int]) -> None:
+        """Write this worker's heartbeat (times from the database clock) and add
+        ``outcomes`` ((lane, outcome) -> count since the last beat) to the current minute,
+        in one transaction; minutes older than two days are dropped on the way."""
+
+    @abc.abstractmethod
+    async def forget_worker(self, owner: str) -> None:
+        """Remove a worker's heartbeat: it stopped cleanly."""
+
 
 class OperatorStore(FleetStore, Protocol):
     """Reading deliveries and acting on them by hand: timelines and search, dead letters
@@ -219,6 +244,30 @@ class OperatorStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def cancel(self, delivery_id: int, reason: str = "") -> bool:
         """Withdraw a pending (or ambiguous) delivery; False when it is past that."""
+
+    @abc.abstractmethod
+    async def list_deliveries(self, selection: MessageFilter, *, before_id: int | None = None,
+                              limit: int = 50) -> list[DeliverySummary]:
+        """Deliveries of ``selection``, newest first, from just below ``before_id`` (keyset
+        pagination: the next page starts below the last id of this one)."""
+
+    @abc.abstractmethod
+    async def count_deliveries(self, selection: MessageFilter, *, cap: int) -> int:
+        """How many deliveries ``selection`` holds, counting no further than ``cap + 1``
+        (``cap + 1`` means "more than ``cap``")."""
+
+    @abc.abstractmethod
+    async def cancel_if_pending_many(self, ids: Sequence[int], reason: str,
+                                     by: str) -> set[int]:
+        """Cancel those of ``ids`` still pending, in one transaction, each with a
+        ``cancelled`` event naming ``by``; returns the ids cancelled. Rows another
+        transaction holds at that moment (a claim) are skipped, never waited for."""
+
+    @abc.abstractmethod
+    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
+                                   by: str) -> set[int]:
+        """``discard_dead_letter`` for many entries in one transaction; returns the ids
+        discarded (open entries whose delivery is still dead or expired)."""
 
     @abc.abstractmethod
     async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:

@@ -1,5 +1,6 @@
 """Housekeeping, every ``controls_interval_s``: read the fleet's controls (pauses, breaker),
-rescue expired leases and reconcile ambiguous deliveries every ``rescue_interval_s``, and in
+rescue expired leases and reconcile ambiguous deliveries every ``rescue_interval_s``, write
+the worker's heartbeat every ``heartbeat_interval_s`` (``worker.heartbeat``), and in
 ``drain`` mode notice when everything is done.
 
 Rescue runs on every worker: a worker that died holding leases cannot rescue its own, and a
@@ -16,6 +17,7 @@ from postlane.store.roles import WorkerStore
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.clock import Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.heartbeat import Heartbeat
 from postlane.worker.reconciler import Reconciler
 
 log = logging.getLogger("postlane.worker")
@@ -26,6 +28,7 @@ class Caretaker:
         self, store: WorkerStore, *, controls: FleetControls, breaker: FleetBreaker, account: str,
         reconciler: Reconciler, rescue_interval_s: float, interval_s: float,
         drain: Callable[[], Awaitable[bool]] | None, wake: Callable[[], None], clock: Clock,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.store = store
         self.controls = controls
@@ -38,6 +41,7 @@ class Caretaker:
         """In drain mode: whether all is done (the worker may exit); None otherwise."""
         self.wake = wake
         self.clock = clock
+        self.heartbeat = heartbeat
         self._last_rescue: float | None = None
 
     async def step(self) -> bool:
@@ -56,6 +60,8 @@ class Caretaker:
             self._last_rescue = now
             await self.rescue()
             await self.reconciler.reconcile()
+        if self.heartbeat is not None:
+            await self.heartbeat.maybe_beat()
         return self.drain is not None and await self.drain()
 
     async def rescue(self) -> None:

@@ -61,6 +61,7 @@ from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.heartbeat import Heartbeat
 from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
 from postlane.worker.reconciler import Reconciler
@@ -92,6 +93,9 @@ class WorkerConfig:
     answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
     headroom in seconds (2 % = 20 ms): sends spread further from their slots than the headroom
     can overfill a one-second window at the provider."""
+    heartbeat_interval_s: float = 5.0
+    """Between two heartbeats (who this worker is, and its outcomes since the last one) in
+    the database; three missed ones and the dashboard shows the worker as gone."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
@@ -114,6 +118,13 @@ def held_slots(config: WorkerConfig, limiter: RateLimiter | None) -> int:
         return config.concurrency
     by_rate = math.ceil(limiter.rate * HELD_SECONDS)
     return min(config.concurrency, max(len(config.lanes), by_rate))
+
+
+def _provider_label(provider: Provider) -> str:
+    """The provider as the workers page shows it: its name, and its account when that
+    says more (two SES regions, two SMTP relays)."""
+    account = provider.account
+    return provider.name if account in ("", provider.name) else f"{provider.name} ({account})"
 
 
 def make_owner() -> str:
@@ -159,11 +170,18 @@ class Worker:
         self.pacer = Pacer(limiter, self.lanes, self.counters, horizon_s=config.limiter_horizon_s,
                            late_slot_s=config.late_slot_s, clock=clock)
         self.reconciler = Reconciler(store, provider, self.traits, self.lanes, self._wake_lanes)
+        self.heartbeat = Heartbeat(
+            store, owner=self.owner, provider=_provider_label(provider),
+            lanes={lane.name: lane.share for lane in config.lanes},
+            in_flight=lambda: len(self._held), interval_s=config.heartbeat_interval_s,
+            clock=clock)
+        self.observers.append(self.heartbeat.observe)
         self.caretaker = Caretaker(
             store, controls=self.controls, breaker=self.breaker, account=provider.account,
             reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
             interval_s=config.controls_interval_s,
             drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
+            heartbeat=self.heartbeat,
         )
 
         # Slot accounting of the lanes (core.lanes.may_start reads these).
@@ -216,6 +234,7 @@ class Worker:
             await self._finish_in_flight()
             self.acker.release_unreported()
             await self.acker.flush()
+            await self.heartbeat.stop()
             await self.provider.close()
             log.info("worker %s stopped: %s", self.owner, dict(self.counters))
 

@@ -11,6 +11,7 @@ from postlane.store.seam import translated
 from postlane.store.sqlite._base import NOW, SQLiteBase, connect, sqlite_errors
 from postlane.store.sqlite._claims import ClaimsMixin
 from postlane.store.sqlite._http_api import HttpApiMixin
+from postlane.store.sqlite._on_call import OnCallMixin
 from postlane.store.sqlite._operating import OperatingMixin
 from postlane.store.sqlite._producing import (
     INSERT_ONE,
@@ -39,6 +40,7 @@ class SQLiteStore(
     ProducingMixin,
     ClaimsMixin,
     OperatingMixin,
+    OnCallMixin,
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,

@@ -1,0 +1,161 @@
+"""The on-call view on PostgreSQL: the messages browser (keyset pages, counts), bulk cancel
+and discard, workers' heartbeats and outcomes per minute (migration 0011)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from postlane.core.records import (
+    DeliverySummary,
+    MessageFilter,
+    OutcomeMinute,
+    WorkerHeartbeat,
+    WorkerSeen,
+)
+from postlane.store.base import SUMMARY_COLUMNS, message_conditions, summary
+from postlane.store.postgres._base import PostgresBase
+
+_SUMMARY = SUMMARY_COLUMNS.format(created="EXTRACT(EPOCH FROM d.created_at)::float8",
+                                  updated="EXTRACT(EPOCH FROM d.updated_at)::float8")
+KEEP_MINUTES_S = 2 * 86400
+"""Outcome minutes older than this are dropped as new ones are written."""
+
+# Rows locked in id order and skipped when another transaction holds them (a claim): a bulk
+# action never waits behind, nor deadlocks with, the send path.
+_CANCEL_MANY = """
+WITH u AS (
+    UPDATE postlane_deliveries SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM postlane_deliveries
+                 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+                 ORDER BY id FOR UPDATE SKIP LOCKED)
+      AND state = 'pending'
+    RETURNING id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT id, 'cancelled', 'cancelled',
+           jsonb_build_object('reason', %(reason)s::text, 'by', %(by)s::text) FROM u
+)
+SELECT id FROM u
+"""
+_DISCARD_MANY = """
+WITH dl AS (
+    UPDATE postlane_dead_letters dl SET discarded_at = now(), discard_reason = %(reason)s
+    FROM postlane_deliveries d
+    WHERE dl.delivery_id = ANY(%(ids)s::bigint[]) AND d.id = dl.delivery_id
+      AND d.state IN ('dead', 'expired') AND dl.discarded_at IS NULL
+    RETURNING dl.delivery_id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT delivery_id, 'discarded', NULL,
+           jsonb_build_object('by', %(by)s::text, 'reason', %(reason)s::text) FROM dl
+)
+SELECT delivery_id FROM dl
+"""
+_HEARTBEAT = """
+INSERT INTO postlane_workers (owner, host, pid, version, provider, lanes, in_flight, interval_s)
+VALUES (%(owner)s, %(host)s, %(pid)s, %(version)s, %(provider)s, %(lanes)s, %(in_flight)s,
+        %(interval_s)s)
+ON CONFLICT (owner) DO UPDATE SET lanes = excluded.lanes, in_flight = excluded.in_flight,
+    interval_s = excluded.interval_s, heartbeat_at = now()
+"""
+_ADD_OUTCOMES = """
+INSERT INTO postlane_outcome_minutes (minute, lane, outcome, count)
+SELECT (floor(EXTRACT(EPOCH FROM now()) / 60) * 60)::bigint, lane, outcome, n
+FROM unnest(%(lanes)s::text[], %(outcomes)s::text[], %(counts)s::bigint[]) AS t(lane, outcome, n)
+ON CONFLICT (minute, lane, outcome)
+DO UPDATE SET count = postlane_outcome_minutes.count + excluded.count
+"""
+_WORKERS = """
+SELECT owner, host, pid, version, provider, lanes, in_flight, interval_s, started_at,
+       heartbeat_at, EXTRACT(EPOCH FROM now() - heartbeat_at)::float8
+FROM postlane_workers ORDER BY host, pid, owner
+"""
+
+
+class OnCallMixin(PostgresBase):
+    # -- the messages browser --------------------------------------------------------------
+    async def list_deliveries(self, selection: MessageFilter, *, before_id: int | None = None,
+                              limit: int = 50) -> list[DeliverySummary]:
+        where, params = message_conditions(selection, lambda name: f"%({name})s", before_id)
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_SUMMARY} FROM postlane_deliveries d WHERE {where} "
+                f"ORDER BY d.id DESC LIMIT %(limit)s", {**params, "limit": limit})
+            return [summary(row) for row in await cur.fetchall()]
+
+    async def count_deliveries(self, selection: MessageFilter, *, cap: int) -> int:
+        where, params = message_conditions(selection, lambda name: f"%({name})s")
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM postlane_deliveries d WHERE {where} "
+                f"LIMIT %(cap)s) s", {**params, "cap": cap + 1})
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+    async def cancel_if_pending_many(self, ids: Sequence[int], reason: str,
+                                     by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_CANCEL_MANY, {"ids": list(ids), "reason": reason,
+                                                    "by": by})
+            return {row[0] for row in await cur.fetchall()}
+
+    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
+                                   by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_DISCARD_MANY, {"ids": list(ids), "reason": reason,
+                                                     "by": by})
+            return {row[0] for row in await cur.fetchall()}
+
+    # -- workers and their outcomes --------------------------------------------------------
+    async def record_heartbeat(self, heartbeat: WorkerHeartbeat,
+                               outcomes: Mapping[tuple[str, str], int]) -> None:
+        counted = [(lane, outcome, n) for (lane, outcome), n in sorted(outcomes.items()) if n]
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(_HEARTBEAT, {
+                "owner": heartbeat.owner, "host": heartbeat.host, "pid": heartbeat.pid,
+                "version": heartbeat.version, "provider": heartbeat.provider,
+                "lanes": Jsonb(dict(heartbeat.lanes)), "in_flight": heartbeat.in_flight,
+                "interval_s": heartbeat.interval_s})
+            if counted:
+                await conn.execute(_ADD_OUTCOMES, {
+                    "lanes": [c[0] for c in counted], "outcomes": [c[1] for c in counted],
+                    "counts": [c[2] for c in counted]})
+                await conn.execute(
+                    "DELETE FROM postlane_outcome_minutes "
+                    "WHERE minute < EXTRACT(EPOCH FROM now()) - %s", (KEEP_MINUTES_S,))
+
+    async def forget_worker(self, owner: str) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute("DELETE FROM postlane_workers WHERE owner = %s", (owner,))
+
+    async def list_workers(self) -> list[WorkerSeen]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_WORKERS)
+            return [_seen(row) for row in await cur.fetchall()]
+
+    async def outcome_minutes(self, window: timedelta) -> list[OutcomeMinute]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT minute, lane, outcome, count FROM postlane_outcome_minutes "
+                "WHERE minute >= EXTRACT(EPOCH FROM now()) - %s ORDER BY minute, lane, outcome",
+                (window.total_seconds(),))
+            return [OutcomeMinute(int(m), lane, o, int(n))
+                    for m, lane, o, n in await cur.fetchall()]
+
+
+def _seen(row: Sequence[Any]) -> WorkerSeen:
+    (owner, host, pid, version, provider, lanes, in_flight, interval_s, started_at,
+     heartbeat_at, age_s) = row
+    return WorkerSeen(
+        WorkerHeartbeat(owner, host, int(pid), version, provider,
+                        {str(k): float(v) for k, v in lanes.items()}, int(in_flight),
+                        float(interval_s)),
+        started_at, heartbeat_at, max(0.0, float(age_s)))
