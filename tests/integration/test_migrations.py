@@ -113,7 +113,10 @@ ALL = [m.label for m in migrations.load("postgres")]
 def test_both_engines_ship_the_same_migrations() -> None:
     assert [m.label for m in migrations.load("sqlite")] == ALL
     assert ALL[:2] == ["0001_initial", "0002_controls"]
-    assert [m.version for m in migrations.load("sqlite")] == list(range(1, len(ALL) + 1))
+    # Numbers are handed out per branch (this one has 0011 while 0007-0010 are on others),
+    # so a gap is allowed; order and uniqueness are not negotiable.
+    versions = [m.version for m in migrations.load("sqlite")]
+    assert versions == sorted(set(versions)) and versions[0] == 1
 
 
 async def test_postgres_migrate_from_empty(fresh_pg_url: str) -> None:
