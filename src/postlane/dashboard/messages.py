@@ -237,11 +237,13 @@ async def message(request: Request, delivery_id: int, s: Signed) -> HTMLResponse
             "selection": MessageFilter(), "filters": {}, "rows": [], "found": [],
             "searched": True}, status_code=404, error=f"no message with id {delivery_id}")
     events = [EventOut.of(e) for e in await s.store.timeline(delivery.id)]
+    attempts = [e for e in events if "outcome" in e.data]
     entry = await s.store.dead_letter(delivery.id)
     return render(request, "message.html", {
         "s": s, "m": MessageOut.of(delivery), "text": delivery.text,
         "has_html": bool(delivery.html), "events": events,
-        "attempts": [e for e in events if "outcome" in e.data],
+        "attempts": attempts,
+        "failed_before": any(e.data["outcome"] != "accepted" for e in attempts),
         "provider_events": [e for e in events if e.kind.startswith("provider:")],
         "dead": DeadLetterOut.of(entry) if entry else None,
         "resolutions": [str(r) for r in Resolution],
