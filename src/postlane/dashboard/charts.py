@@ -49,7 +49,7 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
     if unit == "s":
         peak_text = human_seconds(peak)
     elif unit == "/s":
-        peak_text = f"{peak:,.2f}/s"
+        peak_text = f"{peak:.3g}/s"
     else:
         peak_text = f"{peak:,.0f}"
     span = human_span(window_s)

@@ -64,8 +64,11 @@ def outcome_charts(minutes: list[OutcomeMinute], lanes: tuple[str, ...],
         for outcome in OUTCOME_SERIES:
             counts = buckets.get((lane, outcome), {})
             scale = 1 / BUCKET_S if outcome == "sent" else 1.0
-            points = [(float(t + BUCKET_S / 2), counts.get(t, 0) * scale)
+            # Each bucket drawn at its start (the first at the window's start, so the
+            # chart spans the whole day), the current one also at ``now``.
+            points = [(max(float(t), now - WINDOW.total_seconds()), counts.get(t, 0) * scale)
                       for t in range(start, int(now) + 1, BUCKET_S)]
+            points.append((now, points[-1][1]))
             total = totals.get((lane, outcome), 0)
             series.append({
                 "outcome": outcome, "label": SERIES_LABELS[outcome], "total": total,

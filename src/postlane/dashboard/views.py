@@ -41,6 +41,17 @@ _root = resources.files("postlane.dashboard")
 templates = Jinja2Templates(directory=str(_root.joinpath("templates")))
 templates.env.globals.update(human_seconds=human_seconds, sparkline=sparkline, bars=bars)
 templates.env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S") if d else ""
+
+
+def unix_when(t: float | None) -> str:
+    """A unix time as the pages show times; a time no calendar holds as "far ahead"."""
+    try:
+        return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%S") if t else ""
+    except (OverflowError, OSError, ValueError):
+        return "far ahead"
+
+
+templates.env.filters["unix_when"] = unix_when
 templates.env.filters["clock"] = lambda d: d.strftime("%H:%M:%S.%f")[:-3] if d else ""
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
