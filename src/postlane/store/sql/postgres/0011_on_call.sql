@@ -32,3 +32,13 @@ CREATE TABLE postlane_outcome_minutes (
 -- sent rows are dense enough for the primary key.
 CREATE INDEX postlane_deliveries_settled ON postlane_deliveries (state, id)
     WHERE state IN ('ambiguous', 'dead', 'expired', 'cancelled', 'suppressed');
+
+-- An import's or a template's deliveries, newest first: the same indexes (same names, same
+-- partial condition) with the id added, so a page of an old import reads that import's rows
+-- instead of the whole table backwards from the newest id.
+DROP INDEX postlane_deliveries_import;
+CREATE INDEX postlane_deliveries_import ON postlane_deliveries (import_id, id)
+    WHERE import_id IS NOT NULL;
+DROP INDEX postlane_deliveries_template;
+CREATE INDEX postlane_deliveries_template ON postlane_deliveries (template_id, id)
+    WHERE template_id IS NOT NULL;
