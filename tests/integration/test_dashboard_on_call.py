@@ -230,3 +230,59 @@ async def test_the_breaker_banner_is_on_every_page_and_probes_now(
     assert "a worker sends the probe" in notice((await client.get("/dashboard/workers")).text)
     until = (await store.get_controls())[CONTROL_PREFIX + "smtp"].value["until"]
     assert until < 10.0**12
+
+
+async def dead_digests(store: Store, n: int) -> list[int]:
+    ids = [(await store.enqueue(Message(key=f"digest:{i}", to=f"r{i}@example.com", text="t",
+                                        lane="bulk"))).id for i in range(n)]
+    claimed = await store.claim_batch("bulk", n, "w", timedelta(seconds=30))
+    await store.start_attempts("w", [Claim(d.id, d.claims) for d in claimed])
+    await store.set_state_if_sending_many("w", [Transition(
+        d.id, d.claims, State.DEAD, "dead_lettered", dead_reason="permanent",
+        detail={"outcome": "permanent"}) for d in claimed])
+    return ids
+
+
+async def test_bulk_discard_and_staged_replay_from_the_browser(client: httpx.AsyncClient,
+                                                               store: Store) -> None:
+    await sign_in(client, store)
+    ids = await dead_digests(store, 4)
+    confirm = (await client.get("/dashboard/bulk/discard", params={"key": "digest:3"})).text
+    assert "of <strong>1</strong> dead deliveries" in confirm
+    done = await client.post("/dashboard/bulk/discard", data={
+        **hidden_fields(confirm), "reason": "reader left"})
+    assert notice((await client.get(done.headers["location"])).text) == (
+        "discarded 1 dead letter")
+    assert (await store.timeline(ids[3]))[-1].data == {"by": "apikey:ops#1",
+                                                       "reason": "reader left"}
+    fields = hidden_fields((await client.get("/dashboard/bulk/replay",
+                                             params={"state": "dead", "lane": "bulk"})).text)
+    first = await client.post("/dashboard/bulk/replay", data=fields)
+    assert notice((await client.get(first.headers["location"])).text) == (
+        f"replayed the canary, delivery {ids[0]}; once it is sent, replay the rest of this "
+        "selection")
+    again = await client.post("/dashboard/bulk/replay", data=fields)
+    assert "the canary has not been sent yet" in notice(
+        (await client.get(again.headers["location"])).text)
+    assert await states(store, ids[1:3]) == {State.DEAD}
+    assert (await store.timeline(ids[0]))[-1].data["by"] == "apikey:ops#1"
+
+
+async def test_one_ambiguous_message_is_resolved_from_its_page(client: httpx.AsyncClient,
+                                                               store: Store) -> None:
+    await sign_in(client, store)
+    result = await store.enqueue(Message(key="invoice:1", to="b@example.com", text="t"))
+    claimed = await store.claim_batch("interactive", 1, "w", timedelta(seconds=30))
+    await store.start_attempts("w", [Claim(d.id, d.claims) for d in claimed])
+    await store.set_state_if_sending_many("w", [Transition(
+        result.id, claimed[0].claims, State.AMBIGUOUS, "ambiguous", error="timed out",
+        detail={"outcome": "ambiguous"})])
+    page = (await client.get(f"/dashboard/messages/{result.id}")).text
+    assert "<dt>Last error</dt>" in page and 'name="resolution"' in page
+    done = await client.post(f"/dashboard/messages/{result.id}/resolve", data={
+        "csrf": csrf(page), "resolution": "dead", "note": "not in the provider's log"})
+    assert notice((await client.get(done.headers["location"])).text) == (
+        f"resolved delivery {result.id} as dead")
+    delivery = await store.get(result.id)
+    assert delivery is not None and delivery.state is State.DEAD
+    assert (await store.timeline(result.id))[-1].data["note"] == "not in the provider's log"

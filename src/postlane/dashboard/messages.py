@@ -93,6 +93,10 @@ def actions_for(selection: MessageFilter) -> list[tuple[str, str]]:
             if selection.state is None or selection.state in BULK_STATES[action][0]]
 
 
+def plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def count_text(count: int) -> str:
     return f"more than {COUNT_CAP:,}" if count > COUNT_CAP else f"{count:,}"
 
@@ -199,29 +203,33 @@ async def _act(s: Session, action: str, selection: MessageFilter, by: str, reaso
                resolution: str) -> str:
     if action == "cancel":
         result = await cancel_matching(s.store, selection, by=by, reason=reason)
-        text = f"cancelled {len(result.applied):,} queued deliveries"
+        text = "cancelled " + plural(len(result.applied), "queued delivery",
+                                     "queued deliveries")
     elif action == "discard":
         result = await discard_matching(s.store, selection, by=by, reason=reason)
-        text = f"discarded {len(result.applied):,} dead letters"
+        text = "discarded " + plural(len(result.applied), "dead letter", "dead letters")
     elif action == "resolve":
         if resolution not in set(Resolution):
             raise OperationRefused(f"choose how to resolve: {', '.join(Resolution)}")
         result = await resolve_matching(s.store, selection, Resolution(resolution), by=by,
                                         note=reason)
-        text = f"resolved {len(result.applied):,} ambiguous deliveries as {resolution}"
+        done = plural(len(result.applied), "ambiguous delivery", "ambiguous deliveries")
+        text = f"resolved {done} as {resolution}"
     elif action == "replay":
         result = await replay_matching(s.store, selection, by=by)
         if result.applied == [result.canary]:
             return (f"replayed the canary, delivery {result.canary}; once it is sent, "
                     "replay the rest of this selection")
-        text = f"canary {result.canary} was sent; replayed {len(result.applied):,} entries"
+        text = (f"canary {result.canary} was sent; replayed "
+                f"{plural(len(result.applied), 'entry', 'entries')}")
         if result.expired:
             text += f"; {len(result.expired)} no longer useful (discard them)"
         return text
     else:
         raise OperationRefused(f"unknown bulk action {action!r}")
     if result.skipped:
-        text += f"; {result.skipped:,} changed meanwhile and were left alone"
+        skipped = plural(result.skipped, "delivery", "deliveries")
+        text += f"; {skipped} changed meanwhile, left alone"
     if result.more:
         text += f"; more than {BULK_LIMIT:,} matched: run it again for the rest"
     return text
