@@ -4,6 +4,7 @@ minutes; and the core bulk operations over them (``postlane.operations``)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -26,8 +27,11 @@ from postlane.operations import (
     replay_matching,
     resolve_matching,
 )
+from postlane.providers.testing import RecordingProvider
 from postlane.store import Store
+from postlane.worker import Worker
 from tests.conftest import SideDB
+from tests.integration.worker_helpers import fast_config, running
 
 
 async def enqueue(store: Store, key: str, **fields: object) -> int:
@@ -270,3 +274,37 @@ async def test_probe_now_makes_an_open_breaker_due(store: Store) -> None:
     await store.set_control(name, probing(record, 1002.0, "w", BreakerConfig()).as_json())
     with pytest.raises(OperationRefused, match="probing already"):
         await probe_breaker(store, "smtp", by="ops")
+
+
+async def test_a_bulk_cancel_racing_a_worker_never_cancels_what_was_sent(store: Store) -> None:
+    """Stress: a worker drains while an operator cancels the same selection page by page.
+    Every delivery ends either sent or cancelled, never both, never sent after a cancel."""
+    n = 300
+    await store.enqueue_many([Message(key=f"race:{i}", to=f"r{i}@example.com", text="t",
+                                      lane="bulk") for i in range(n)])
+    provider = RecordingProvider(latency_s=0.001)
+    cancelled: set[int] = set()
+    async with running(Worker(store, provider, config=fast_config(concurrency=8,
+                                                                  batch_size=5))):
+        while True:
+            result = await cancel_matching(store, MessageFilter(lane="bulk"), by="ops",
+                                           limit=7)
+            cancelled.update(result.applied)
+            if not result.applied and not await store.count_deliveries(
+                    MessageFilter(state="queued"), cap=1):
+                break
+            await asyncio.sleep(0.002)
+        for _ in range(500):  # the worker's last acks
+            if not await store.count_deliveries(MessageFilter(state="sending"), cap=1):
+                break
+            await asyncio.sleep(0.01)
+    final = {d.id: d.state for d in await store.list_deliveries(MessageFilter(), limit=n)}
+    assert len(final) == n
+    assert {s for i, s in final.items() if i in cancelled} <= {"cancelled"}
+    assert set(final.values()) <= {"sent", "cancelled"}
+    sent_keys = set(provider.accepted)
+    for delivery in await store.list_deliveries(MessageFilter(state="cancelled"), limit=n):
+        assert delivery.key not in sent_keys
+        assert "sent" not in [e.kind for e in await store.timeline(delivery.id)]
+    assert cancelled == {i for i, s in final.items() if s == "cancelled"}
+    assert 0 < len(cancelled) < n  # both sides took part
