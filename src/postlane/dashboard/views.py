@@ -27,7 +27,7 @@ from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
 from postlane.core.records import ApiKey, Control, DeadLetterFilter
 from postlane.core.states import DeadReason
 from postlane.core.validation import text_problem
-from postlane.dashboard.charts import bars, human_seconds, sparkline
+from postlane.dashboard.charts import bars, human_seconds, per_second, sparkline
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import PostlaneError
 from postlane.status import breaker_reason
@@ -39,7 +39,8 @@ PREFIX = "/dashboard"
 
 _root = resources.files("postlane.dashboard")
 templates = Jinja2Templates(directory=str(_root.joinpath("templates")))
-templates.env.globals.update(human_seconds=human_seconds, sparkline=sparkline, bars=bars)
+templates.env.globals.update(human_seconds=human_seconds, sparkline=sparkline, bars=bars,
+                             per_second=per_second)
 templates.env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S") if d else ""
 
 
