@@ -127,6 +127,9 @@ async def test_a_read_only_key_gets_no_bulk_action(client: httpx.AsyncClient,
     ids = await spring(store, 2)
     page = (await client.get("/dashboard/messages")).text
     assert "/dashboard/bulk/" not in page
+    confirm = (await client.get("/dashboard/bulk/cancel")).text
+    assert "lacks the 'operate' scope" in confirm
+    assert 'action="/dashboard/bulk/cancel"' not in confirm
     refused = await client.post("/dashboard/bulk/cancel", data={"csrf": csrf(page)})
     assert "lacks the 'operate' scope" in notice((await client.get(
         refused.headers["location"])).text)
