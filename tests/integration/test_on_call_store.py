@@ -194,6 +194,13 @@ async def test_heartbeats_are_upserted_aged_and_forgotten(store: Store, side: Si
     assert seen["host:2:def"].gone and not seen["host:1:abc"].gone
     await store.forget_worker("host:1:abc")
     assert [w.heartbeat.owner for w in await store.list_workers()] == ["host:2:def"]
+    # Gone for more than a day: dropped by the next heartbeat of any worker.
+    if side.engine == "sqlite":
+        side.query("UPDATE postlane_workers SET heartbeat_at = heartbeat_at - 86400")
+    else:
+        side.query("UPDATE postlane_workers SET heartbeat_at = heartbeat_at - interval '1 day'")
+    await store.record_heartbeat(beat("host:3:fed"), {})
+    assert [w.heartbeat.owner for w in await store.list_workers()] == ["host:3:fed"]
 
 
 async def test_outcome_counts_add_up_per_minute_and_old_minutes_go(store: Store,

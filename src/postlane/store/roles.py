@@ -195,7 +195,8 @@ class WorkerStore(FleetStore, Protocol):
                                outcomes: Mapping[tuple[str, str], int]) -> None:
         """Write this worker's heartbeat (times from the database clock) and add
         ``outcomes`` ((lane, outcome) -> count since the last beat) to the current minute,
-        in one transaction; minutes older than two days are dropped on the way."""
+        in one transaction; minutes older than two days, and workers gone for a day, are
+        dropped on the way."""
 
     @abc.abstractmethod
     async def forget_worker(self, owner: str) -> None:

@@ -23,6 +23,8 @@ _SUMMARY = SUMMARY_COLUMNS.format(created="EXTRACT(EPOCH FROM d.created_at)::flo
                                   updated="EXTRACT(EPOCH FROM d.updated_at)::float8")
 KEEP_MINUTES_S = 2 * 86400
 """Outcome minutes older than this are dropped as new ones are written."""
+KEEP_GONE_S = 86400
+"""A worker that stopped heart-beating is listed (as gone) this long, then dropped."""
 
 # Rows locked in id order and skipped when another transaction holds them (a claim): a bulk
 # action never waits behind, nor deadlocks with, the send path.
@@ -124,6 +126,9 @@ class OnCallMixin(PostgresBase):
                 "version": heartbeat.version, "provider": heartbeat.provider,
                 "lanes": Jsonb(dict(heartbeat.lanes)), "in_flight": heartbeat.in_flight,
                 "interval_s": heartbeat.interval_s})
+            await conn.execute(
+                "DELETE FROM postlane_workers "
+                "WHERE heartbeat_at < now() - make_interval(secs => %s)", (KEEP_GONE_S,))
             if counted:
                 await conn.execute(_ADD_OUTCOMES, {
                     "lanes": [c[0] for c in counted], "outcomes": [c[1] for c in counted],

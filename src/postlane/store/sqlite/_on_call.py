@@ -21,6 +21,8 @@ from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase, _dt
 _SUMMARY = SUMMARY_COLUMNS.format(created="d.created_at", updated="d.updated_at")
 KEEP_MINUTES_S = 2 * 86400
 """Outcome minutes older than this are dropped as new ones are written."""
+KEEP_GONE_S = 86400
+"""A worker that stopped heart-beating is listed (as gone) this long, then dropped."""
 
 
 class OnCallMixin(SQLiteBase):
@@ -99,6 +101,8 @@ class OnCallMixin(SQLiteBase):
                     (heartbeat.owner, heartbeat.host, heartbeat.pid, heartbeat.version,
                      heartbeat.provider, json.dumps(dict(heartbeat.lanes)),
                      heartbeat.in_flight, heartbeat.interval_s))
+                conn.execute(f"DELETE FROM postlane_workers WHERE heartbeat_at < {NOW} - ?",
+                             (KEEP_GONE_S,))
                 counted = [(lane, outcome, n) for (lane, outcome), n
                            in sorted(outcomes.items()) if n]
                 if not counted:
