@@ -15,8 +15,6 @@ Gauges computed at scrape time from ``FleetStore.stats()`` and ``FleetStore.get_
 ``postlane_dead_letters_open{reason}``     dead letters not replayed, sent or discarded
 ``postlane_dead_letters_open_by_cause``    the same, by cause (``core.causes``)
 ``postlane_enqueued_total{lane}``          deliveries ever enqueued (kept + pruned)
-``postlane_provider_events_total``         webhook events attached, by lane and kind (a
-                                           counter of this process, not of the store)
 ``postlane_lane_paused{lane}``             1 while an operator pause is in force
 ``postlane_import_paused{import_id}``      1 while an import is paused
 ``postlane_breaker_state{account,state}``  1 while a provider account's breaker is open or
@@ -74,7 +72,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -107,8 +105,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SEND_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CLAIM_AGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
                      3600.0)
-PROVIDER_EVENT_KINDS = ("delivered", "bounced", "complained", "deferred")
-"""Created at zero per lane (opened and clicked are counted when they come)."""
 ENQUEUE_TO_SEND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
                            900.0, 3600.0)
 
@@ -168,24 +164,11 @@ class FleetSampler:
 class StoreCollector(Collector):
     """Gauges from the latest ``FleetStatus``; ``render`` takes the reading first."""
 
-    def __init__(self, sampler: FleetSampler, lanes: Iterable[str] = ()) -> None:
+    def __init__(self, sampler: FleetSampler) -> None:
         self.sampler = sampler
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._status: FleetStatus | None = None
-        self.provider_events = Counter(
-            "postlane_provider_events_total",
-            "Provider events (webhooks) attached to a delivery, once each, by kind, per lane.",
-            ["lane", "kind"], registry=self.registry)
-        # Every series exists from the start at 0, so that the first bounce is an increase.
-        for lane in lanes:
-            for kind in PROVIDER_EVENT_KINDS:
-                self.provider_events.labels(lane, kind)
-
-    def observe_provider_events(self, recorded: Iterable[tuple[str, str]]) -> None:
-        """Count events the webhook intake attached to a delivery: (lane, kind) each."""
-        for lane, kind in recorded:
-            self.provider_events.labels(lane, kind).inc()
 
     async def render(self) -> bytes:
         """The exposition text for one scrape (one reading of the store, or a recent one)."""
@@ -297,10 +280,9 @@ class WorkerMetrics:
                              "account: a worker with a fallback has several).",
                              ["lane", "outcome", "provider"], registry=self.registry)
         self.dead = Counter("postlane_dead_letter_arrivals_total",
-                            "Deliveries dead-lettered by this worker, by reason and cause, "
-                            "per lane and provider of the last attempt ('' when none was "
-                            "made).", ["lane", "reason", "cause", "provider"],
-                            registry=self.registry)
+                            "Deliveries dead-lettered by this worker, by reason and cause, per "
+                            "lane and provider of the last attempt ('' when none was made).",
+                            ["lane", "reason", "cause", "provider"], registry=self.registry)
         self.claim_age = Histogram("postlane_claim_age_seconds",
                                    "How long a delivery was ready (due) before a worker "
                                    "claimed it, per lane.", ["lane"],

@@ -85,9 +85,9 @@ def exported_names() -> set[str]:
         Stats(lanes={"interactive": LaneStats(1, 2.0)}, states={"pending": 1},
               attempts={"1": 1}, dead_letters={}, arrivals={"interactive": 1}),
         {"breaker:sandbox": Control("breaker:sandbox", {"state": "open"}, 1, datetime.now(UTC))},
-        0.0, 0.0)
+        0.0, 0.0, provider_events={("bounced", "interactive"): 1})
     store = open_store("sqlite:///unused.db")
-    collector = StoreCollector(FleetSampler(store), lanes=["interactive"])
+    collector = StoreCollector(FleetSampler(store))
     collector._status = status  # what render() reads before a scrape
     worker = Worker(store, RecordingProvider())
     names: set[str] = set()

@@ -86,6 +86,5 @@ async def test_bounces_and_complaints_are_counted_per_lane_once_each(api: Api) -
         assert answer.status_code == 200, answer.text
     text = (await api.client.get("/metrics")).text
     for line in ('postlane_provider_events_total{kind="bounced",lane="bulk"} 1.0',
-                 'postlane_provider_events_total{kind="complained",lane="bulk"} 1.0',
-                 'postlane_provider_events_total{kind="bounced",lane="interactive"} 0.0'):
-        assert line in text, line
+                 'postlane_provider_events_total{kind="complained",lane="bulk"} 1.0'):
+        assert line in text, line  # once each: the repeat of e1 is not counted again

@@ -1068,6 +1068,30 @@ async def test_wait_for_work_wakes_on_own_enqueue(store: Store) -> None:
     assert time.monotonic() - t1 < 1.5
 
 
+# -- dead-letter causes (migration 0012) ------------------------------------------------
+async def test_a_dead_letter_keeps_its_cause(store: Store) -> None:
+    await store.enqueue_many([msg(k) for k in ("tpl", "addr", "bug", "late")])
+    held = {d.key: d for d in await store.claim_batch("interactive", 4, "w1", LEASE)}
+    await store.set_state_if_sending_many("w1", [
+        dead(held["tpl"], error='404 {"error": "unknown template welcome"}',
+             detail={"outcome": "permanent", "cause": "unknown_template"}),
+        dead(held["addr"], error="rcpt: 550 5.1.1 user unknown",
+             detail={"outcome": "permanent"}),  # no cause named: classified from the answer
+        dead(held["bug"], reason=DeadReason.HANDLER_ERROR),
+        Transition(held["late"].id, held["late"].claims, State.EXPIRED, "expired",
+                   dead_reason=DeadReason.EXPIRED)])
+    causes = {e.snapshot["idempotency_key"]: e.cause
+              for e in await store.list_dead_letters()}
+    assert causes == {"tpl": "unknown_template", "addr": "rejected_recipient",
+                      "bug": "handler_error", "late": "expired"}
+    picked = await store.list_dead_letters(DeadLetterFilter(cause="rejected_recipient"))
+    assert [e.delivery_id for e in picked] == [held["addr"].id]
+    stats = await store.stats()
+    assert stats.dead_letter_causes == {"unknown_template": 1, "rejected_recipient": 1,
+                                        "handler_error": 1, "expired": 1}
+    assert stats.dead_letters == {"permanent": 2, "handler_error": 1, "expired": 1}
+
+
 # -- channels, SMS fallbacks and import canaries (migration 0010) ------------------------
 async def test_claims_and_ambiguity_lookups_keep_to_one_channel(store: Store) -> None:
     from postlane.core.sms import sms_message
@@ -1136,29 +1160,3 @@ async def test_a_canary_is_settled_once_and_releases_only_held_deliveries(
     later = await store.get(other.id)
     assert later is not None and later.run_at > side.now() + timedelta(minutes=4)
     assert await store.release_import_hold("imp") == 0
-
-
-# ======================================================================================
-# dead-letter causes (migration 0012)
-# ======================================================================================
-async def test_a_dead_letter_keeps_its_cause(store: Store) -> None:
-    await store.enqueue_many([msg(k) for k in ("tpl", "addr", "bug", "late")])
-    held = {d.key: d for d in await store.claim_batch("interactive", 4, "w1", LEASE)}
-    await store.set_state_if_sending_many("w1", [
-        dead(held["tpl"], error='404 {"error": "unknown template welcome"}',
-             detail={"outcome": "permanent", "cause": "unknown_template"}),
-        dead(held["addr"], error="rcpt: 550 5.1.1 user unknown",
-             detail={"outcome": "permanent"}),  # no cause named: classified from the answer
-        dead(held["bug"], reason=DeadReason.HANDLER_ERROR),
-        Transition(held["late"].id, held["late"].claims, State.EXPIRED, "expired",
-                   dead_reason=DeadReason.EXPIRED)])
-    causes = {e.snapshot["idempotency_key"]: e.cause
-              for e in await store.list_dead_letters()}
-    assert causes == {"tpl": "unknown_template", "addr": "rejected_recipient",
-                      "bug": "handler_error", "late": "expired"}
-    picked = await store.list_dead_letters(DeadLetterFilter(cause="rejected_recipient"))
-    assert [e.delivery_id for e in picked] == [held["addr"].id]
-    stats = await store.stats()
-    assert stats.dead_letter_causes == {"unknown_template": 1, "rejected_recipient": 1,
-                                        "handler_error": 1, "expired": 1}
-    assert stats.dead_letters == {"permanent": 2, "handler_error": 1, "expired": 1}

@@ -205,7 +205,7 @@ def create_app(
             ensure_migrated(await store.pending_migrations())
             state.store = store
             state.sampler = FleetSampler(store, interval_s=max(sample_interval_s, 0.1))
-            state.collector = StoreCollector(state.sampler, lanes=lane_names)
+            state.collector = StoreCollector(state.sampler)
             if sample_interval_s > 0:
                 sampler_task = asyncio.create_task(state.sampler.run(), name="stats-sampler")
             yield

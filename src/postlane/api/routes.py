@@ -460,9 +460,6 @@ async def webhook(
                            f"{exc}; the notification was not processed: send it again "
                            "later", headers={"Retry-After": "60"}) from None
     response.status_code = result.status
-    collector = app_state(request).collector
-    if collector is not None:
-        collector.observe_provider_events(getattr(result, "recorded", []))
     return WebhookOut(status=result.status, detail=result.detail,
                       events=list(getattr(result, "events", [])))
 

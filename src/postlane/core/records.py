@@ -316,8 +316,6 @@ class ProviderEventResult:
     status_changed: bool
     suppressed: str | None = None
     """The address this event put on the suppression list."""
-    lane: str | None = None
-    """The lane of the delivery it was attached to (the metrics count events per lane)."""
 
 
 @dataclass(frozen=True, slots=True)

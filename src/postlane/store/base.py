@@ -158,6 +158,20 @@ def dead_letter_conditions(selection: DeadLetterFilter, ph: Callable[[str], str]
     return (" AND ".join(conditions) or "1 = 1"), params
 
 
+def dead_letter_counts(
+    rows: Iterable[Sequence[Any]],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Open dead letters by reason and by cause, from rows of (reason, cause, count); an
+    entry whose cause could not be named counts under its reason's (``core.causes``)."""
+    by_reason: dict[str, int] = {}
+    by_cause: dict[str, int] = {}
+    for reason, cause, count in rows:
+        by_reason[reason] = by_reason.get(reason, 0) + int(count)
+        named = cause or str(cause_of(reason))
+        by_cause[named] = by_cause.get(named, 0) + int(count)
+    return by_reason, by_cause
+
+
 CHANNEL_STATS = """
 SELECT 'pending', channel, count(*) FROM postlane_deliveries
 WHERE state = 'pending' GROUP BY channel
@@ -172,18 +186,6 @@ def channel_stats(rows: Sequence[Sequence[Any]]) -> ChannelStats:
     pending = {str(r[1]): int(r[2]) for r in rows if r[0] == "pending"}
     fallbacks = {str(r[1]): int(r[2]) for r in rows if r[0] == "fallback"}
     return ChannelStats(pending, fallbacks)
-def dead_letter_counts(
-    rows: Iterable[Sequence[Any]],
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Open dead letters by reason and by cause, from rows of (reason, cause, count); an
-    entry whose cause could not be named counts under its reason's (``core.causes``)."""
-    by_reason: dict[str, int] = {}
-    by_cause: dict[str, int] = {}
-    for reason, cause, count in rows:
-        by_reason[reason] = by_reason.get(reason, 0) + int(count)
-        named = cause or str(cause_of(reason))
-        by_cause[named] = by_cause.get(named, 0) + int(count)
-    return by_reason, by_cause
 
 
 class Store(

@@ -79,9 +79,6 @@ class WebhookResult:
     status: int
     detail: str
     events: list[dict[str, Any]] = field(default_factory=list)
-    recorded: list[tuple[str, str]] = field(default_factory=list)
-    """(lane, kind) of each event attached to a delivery for the first time: what the
-    metrics count (``postlane_provider_events_total``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,11 +153,9 @@ async def receive(store: ProviderEventStore, provider: str, headers: Mapping[str
 
 async def record_events(store: ProviderEventStore, events: list[ProviderEvent],
                         policy: SuppressionPolicy = DEFAULT_POLICY) -> WebhookResult:
-    """Record verified events, each once; the result says what became of each, and which
-    (lane, kind) were recorded for the first time (what the metrics count)."""
+    """Record verified events, each once; the result says what became of each."""
     details = []
     answers = []
-    recorded = []
     for event in events:
         result = await store.record_provider_event(event, policy)
         details.append("duplicate event, already processed" if result.duplicate
@@ -170,9 +165,7 @@ async def record_events(store: ProviderEventStore, events: list[ProviderEvent],
         answers.append({"event_id": event.event_id, "kind": event.kind,
                         "delivery_id": result.delivery_id, "duplicate": result.duplicate,
                         "suppressed": result.suppressed})
-        if not result.duplicate and result.lane is not None:
-            recorded.append((result.lane, event.kind))
-    return WebhookResult(200, "; ".join(dict.fromkeys(details)), answers, recorded=recorded)
+    return WebhookResult(200, "; ".join(dict.fromkeys(details)), answers)
 
 
 def _some(event: ProviderEvent | None) -> list[ProviderEvent]:

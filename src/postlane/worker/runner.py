@@ -593,11 +593,11 @@ class Worker:
             return
         delivery = self._with_unsubscribe(lane, delivery)
         with tracing.sending(delivery) as span:  # a no-op unless traces are on
-            await self._attempt(lane, delivery, span, route)
+            await self._attempt(lane, delivery, route, span)
 
-    async def _attempt(self, lane: LaneConfig, delivery: Delivery, span: Any,
-                       route: ProviderRoute) -> None:
-        """One attempt in its slot: send, decide, report."""
+    async def _attempt(self, lane: LaneConfig, delivery: Delivery, route: ProviderRoute,
+                       span: Any) -> None:
+        """One attempt in its slot, through ``route``: send, decide, report."""
         started = self.clock.monotonic()
         # A hard deadline, the lane's own, classified by the phase the send reached
         # (worker/attempt.py).

@@ -66,7 +66,7 @@ class ProviderEventsMixin(PostgresBase):
                 )
                 changed = await cur.fetchone() is not None
             if address is None or (found is None and event.lane is None):
-                return ProviderEventResult(False, delivery_id, changed, None, lane)
+                return ProviderEventResult(False, delivery_id, changed)
             soft = 0
             if counts_soft_bounces(event):
                 cur = await conn.execute(
@@ -77,10 +77,10 @@ class ProviderEventsMixin(PostgresBase):
                 soft = int((await cur.fetchone() or (0,))[0])
             rule = suppression_for(event, lane, soft_bounces=soft, policy=policy)
             if rule is None:
-                return ProviderEventResult(False, delivery_id, changed, None, lane)
+                return ProviderEventResult(False, delivery_id, changed)
             await _upsert_suppression(conn, address, rule.stream, rule.reason, delivery_id,
                                       source_of(event), rule.expires_in)
-            return ProviderEventResult(False, delivery_id, changed, address, lane)
+            return ProviderEventResult(False, delivery_id, changed, address)
 
     async def suppress(self, address: str, stream: str, reason: str,
                        delivery_id: int | None = None, *, source_event: str | None = None,

@@ -66,7 +66,7 @@ class ProviderEventsMixin(SQLiteBase):
                         conn.execute("UPDATE postlane_deliveries SET provider_status = ? "
                                      "WHERE id = ?", (event.kind, delivery_id))
                 if address is None or (found is None and event.lane is None):
-                    return ProviderEventResult(False, delivery_id, changed, None, lane)
+                    return ProviderEventResult(False, delivery_id, changed)
                 soft = 0
                 if counts_soft_bounces(event):
                     soft = int(conn.execute(
@@ -76,10 +76,10 @@ class ProviderEventsMixin(SQLiteBase):
                     ).fetchone()[0])
                 rule = suppression_for(event, lane, soft_bounces=soft, policy=policy)
                 if rule is None:
-                    return ProviderEventResult(False, delivery_id, changed, None, lane)
+                    return ProviderEventResult(False, delivery_id, changed)
                 _upsert_suppression(conn, address, rule.stream, rule.reason, delivery_id,
                                     source_of(event), rule.expires_in)
-                return ProviderEventResult(False, delivery_id, changed, address, lane)
+                return ProviderEventResult(False, delivery_id, changed, address)
         return await self._run(_record)
 
     async def suppress(self, address: str, stream: str, reason: str,
