@@ -135,8 +135,7 @@ async def measure(db: str, rows: int, repeat: int) -> list[tuple[str, float, str
                 count_where, count_params = delivery_conditions(case.selection,
                                                                 lambda n: f"%({n})s")
                 count_sql = (f"SELECT count(*), COALESCE(max(id), 0) FROM (SELECT id FROM "
-                             f"postlane_deliveries WHERE {count_where} ORDER BY id DESC "
-                             f"LIMIT %(cap)s) s")
+                             f"postlane_deliveries WHERE {count_where} LIMIT %(cap)s) s")
                 page_ms = await median_ms(lambda c=case, b=before: store.list_deliveries(
                     c.selection, before=b, limit=51), repeat)
                 count_ms = await median_ms(lambda c=case: store.count_deliveries(
@@ -179,9 +178,10 @@ def run(rows: int, repeat: int) -> str:
         f"{load_s:.1f} s (mix in `bench/browser.py`: 90 % sent, 6 % pending, 1 % retrying, "
         "1.5 % dead, 0.5 % cancelled, 0.5 % suppressed, 0.3 % ambiguous, 0.2 % expired, "
         "spread evenly over the ids), then `VACUUM ANALYZE`. Each call through "
-        f"`PostgresStore.list_deliveries` (keyset page of 50, +1 to know if there is an "
-        f"older page) and `count_deliveries` (capped at 10,000), median of {repeat}; plans "
-        "from `EXPLAIN (ANALYZE, BUFFERS)` of the same SQL.",
+        f"`PostgresStore.list_deliveries` (keyset page of 50 whole rows, +1 to know if "
+        "there is an older page: the query `GET /v1/messages` runs too) and "
+        f"`count_deliveries` (capped at 10,000), median of {repeat}; plans from "
+        "`EXPLAIN (ANALYZE, BUFFERS)` of the same SQL.",
         "",
         *table(with_index),
         "",

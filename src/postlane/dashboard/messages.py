@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import fields
 from datetime import timedelta
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -50,7 +51,7 @@ PAGE_SIZE = 50
 COUNT_CAP = 10_000
 """The browser counts exactly up to this many; beyond, the page says "more than" (a bulk
 action's confirmation counts exactly)."""
-FILTER_FIELDS = ("state", "lane", "key", "recipient", "import_id", "template_id")
+FILTER_FIELDS = tuple(f.name for f in fields(DeliveryFilter))
 """``DeliveryFilter``'s fields, as the browser's query and the bulk forms carry them."""
 
 PREVIEW_CSP = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; font-src data:; "
@@ -83,13 +84,14 @@ def selection_from(values: Mapping[str, str]) -> DeliveryFilter:
         raise BadSelection(str(exc)) from None
 
 
-def delivery_id(value: str, name: str) -> int | None:
-    """An id from a query or a form (a page cursor, a confirmed bound); None when empty."""
+def delivery_id(value: str, name: str, what: str = "a delivery id") -> int | None:
+    """An id from a query or a form (a page cursor, a confirmed bound, or a confirmed
+    count); None when empty."""
     value = value.strip()
     if not value:
         return None
     if not (value.isdigit() and len(value) < 19):
-        raise BadSelection(f"{name} {value!r} is not a delivery id")
+        raise BadSelection(f"{name} {value!r} is not {what}")
     return int(value)
 
 
@@ -173,13 +175,13 @@ async def confirm(request: Request, action: str, s: Signed) -> HTMLResponse:
                                          selection_from(dict(request.query_params)))
     except (BadSelection, OperationRefused) as exc:
         return refused(request, s, str(exc))
-    fields = counted.selection.as_dict()
+    hidden = counted.selection.as_dict()
     if action != "replay":  # the preview's count and bound, confirmed by the form
-        fields |= {"expected": str(counted.matched), "upto_id": str(counted.upto_id)}
+        hidden |= {"expected": str(counted.matched), "upto_id": str(counted.upto_id)}
     return render(request, "bulk.html", {
         "s": s, "action": action, "label": ACTIONS[action], "count": counted.matched,
         "count_text": count_text(counted.matched, None), "upto_id": counted.upto_id,
-        "fields": fields, "selection": counted.selection,
+        "fields": hidden, "selection": counted.selection,
         "back_to": browser_url(counted.selection),
         "resolutions": [str(r) for r in Resolution],
     })
@@ -190,7 +192,7 @@ async def act(request: Request, action: str, s: Signed, csrf: Csrf) -> Response:
     form = {k: str(v) for k, v in (await request.form()).items()}
     try:
         selection = selection_from(form)
-        expected = delivery_id(form.get("expected", ""), "expected")
+        expected = delivery_id(form.get("expected", ""), "expected", "a count")
         upto_id = delivery_id(form.get("upto_id", ""), "upto_id")
     except BadSelection as exc:
         return refused(request, s, str(exc))

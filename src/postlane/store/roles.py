@@ -314,7 +314,8 @@ class OperatorStore(FleetStore, Protocol):
         """How many deliveries match ``selection`` (up to ``upto_id``), and the highest id
         among them (0 when none): the count a bulk action confirms and the bound it keeps.
         With ``cap``, counting stops past it (``cap + 1`` means "more than ``cap``": the
-        messages browser's count, cheap at a million rows)."""
+        messages browser's count, cheap at a million rows), and the highest id is exact only
+        when the count is within ``cap`` (a bulk action counts without one)."""
 
     @abc.abstractmethod
     async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:

@@ -256,8 +256,8 @@ class OperatingMixin(PostgresBase):
         where, params = delivery_conditions(selection, lambda name: f"%({name})s",
                                             upto_id=upto_id)
         rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
-        if cap is not None:  # newest first, so that the highest id is still the true one
-            rows += " ORDER BY id DESC LIMIT %(cap)s"
+        if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
+            rows += " LIMIT %(cap)s"
             params["cap"] = cap + 1
         async with self._pool.connection() as conn:
             cur = await conn.execute(

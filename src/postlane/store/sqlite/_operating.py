@@ -210,8 +210,8 @@ class OperatingMixin(SQLiteBase):
         where, params = delivery_conditions(selection, lambda name: f":{name}",
                                             upto_id=upto_id)
         rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
-        if cap is not None:  # newest first, so that the highest id is still the true one
-            rows += " ORDER BY id DESC LIMIT :cap"
+        if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
+            rows += " LIMIT :cap"
             params["cap"] = cap + 1
 
         def _count() -> tuple[int, int]:
