@@ -444,9 +444,10 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
         "before the sends: set them beside the plain row of the same backend and process "
         "count. The no-op adapter builds no MIME, so the difference is what large content "
         "costs the storage and the dispatch path.",
-        "- Peers' versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + " (in "
-        "`bench/.venv-peers`, the same Python).",
     ]
+    if versions:
+        lines.append("- Peers' versions: " + ", ".join(f"{k} {v}" for k, v in versions.items())
+                     + " (in `bench/.venv-peers`, the same Python).")
     return "\n".join(lines)
 
 

@@ -39,12 +39,14 @@ from postlane.core.lanes import (
     DEFAULT_LANES,
     LaneConfig,
     slot_floors,
+    with_bulk_lanes,
     with_lane_policies,
     with_lane_timings,
 )
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
 from postlane.core.rates import parse_limits
 from postlane.core.redaction import redact_url
+from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import (
     ConfigurationError,
     MissingExtra,
@@ -74,7 +76,7 @@ PROVIDER_TIMEOUT_S = 15.0
 class Finding:
     check: str
     """What was checked: ``database``, ``migrations``, ``limiter``, ``provider``, ``lanes``,
-    ``retry budget``, ``rate``."""
+    ``retry budget``, ``unsubscribe``, ``rate``."""
     status: Status
     message: str
     """What was found, in plain words."""
@@ -128,6 +130,11 @@ class CheckSettings:
     provider_timeout_s: float = PROVIDER_TIMEOUT_S
     skip: frozenset[str] = frozenset()
     """Groups not to check (``SKIPPABLE``): an API host has no provider secrets to test."""
+    bulk_lanes: str | None = None
+    """``--bulk-lanes`` as given to the worker (None: the lanes' own flags)."""
+    unsubscribe_url: str | None = None
+    """``--unsubscribe-url`` as given to the worker (None: ``POSTLANE_UNSUBSCRIBE_URL``)."""
+    unsubscribe_mailto: str | None = None
 
 
 SKIPPABLE = ("database", "limiter", "provider", "rate", "lanes")
@@ -171,6 +178,9 @@ async def run_checks(settings: CheckSettings) -> list[Finding]:
         if lanes:
             findings.append(check_lane_shares(lanes, settings.concurrency))
             findings.extend(check_retry_budgets(lanes, settings.policy))
+            findings.append(check_unsubscribe(lanes, settings.bulk_lanes,
+                                              settings.unsubscribe_url,
+                                              settings.unsubscribe_mailto))
     return findings
 
 
@@ -573,6 +583,33 @@ def check_lane_shares(lanes: Sequence[LaneConfig], concurrency: int = 100) -> Fi
     slots = ", ".join(f"{name} {floor}" for name, floor in floors.items())
     return Finding("lanes", "ok",
                    f"shares add up to 100 % ({table}); reserved slots of {concurrency}: {slots}")
+
+
+def check_unsubscribe(lanes: Sequence[LaneConfig], bulk_lanes: str | None,
+                      url: str | None, mailto: str | None) -> Finding:
+    """Bulk lanes' mail will carry signed one-click unsubscribe links (docs/deliverability.md):
+    a URL and a usable secret are configured, or there is no bulk lane."""
+    try:
+        if bulk_lanes is not None:
+            lanes = with_bulk_lanes(lanes, bulk_lanes)
+        bulk = [lane.name for lane in lanes if lane.bulk]
+        config = UnsubscribeConfig.from_env(url, mailto)
+    except ConfigurationError as exc:
+        return Finding("unsubscribe", "fail", f"{exc}: the worker refuses to start",
+                       "see docs/deliverability.md")
+    if not bulk:
+        return Finding("unsubscribe", "ok", "no bulk lane: no message carries "
+                                            "List-Unsubscribe")
+    if config is None:
+        return Finding("unsubscribe", "warn",
+                       f"bulk lane(s) {', '.join(bulk)} would send without List-Unsubscribe "
+                       "(bulk senders must offer one-click unsubscribe)",
+                       "set --unsubscribe-url (POSTLANE_UNSUBSCRIBE_URL) and "
+                       "POSTLANE_UNSUBSCRIBE_SECRET")
+    return Finding("unsubscribe", "ok",
+                   f"bulk lane(s) {', '.join(bulk)} carry one-click unsubscribe to "
+                   f"{config.base_url}/unsubscribe/..."
+                   + (f" and mailto:{config.mailbox}" if config.mailbox else ""))
 
 
 def expected_retry_budget_s(lane: LaneConfig, policy: RetryPolicy = RetryPolicy()) -> float:

@@ -58,4 +58,6 @@ def test_the_wheel_built_from_the_sdist_runs_the_demo_in_a_new_virtualenv(
                "--json", cwd=tmp_path, timeout=180)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["ok"] is True
-    assert summary["sent"] + summary["dead_letters"] == 204
+    # 200 digests, 4 interactive emails, and the SMS fallback of the refused reset (reset:1).
+    assert [f["email_key"] for f in summary["sms_fallbacks"]] == ["reset:1"]
+    assert summary["sent"] + summary["dead_letters"] == 204 + 1

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 
+import httpx
+
+from postlane.store import Store
 from tests.integration.test_api import Api, api, body, problem  # noqa: F401 (the fixture)
 
 PDF = b"%PDF-1.4\n" + bytes(range(256)) * 8
@@ -76,3 +79,28 @@ async def test_the_larger_body_limit_is_for_posting_messages_only(api: Api) -> N
     data = problem(too_big, 422)
     assert "per-attachment limit" in data["detail"]
     assert await api.store.get("big:2") is None
+
+
+async def test_the_server_s_attachment_limits_apply_at_enqueue(store: Store) -> None:
+    from conftest import store_url
+
+    from postlane.api import create_app
+    from postlane.api.app import message_body_limit
+    from postlane.api.keys import create_key
+    from postlane.core.attachments import AttachmentLimits
+
+    limits = AttachmentLimits(max_attachment_bytes=100, max_total_bytes=150)
+    assert message_body_limit(AttachmentLimits(max_total_bytes=30 * 2**20), 2**20) == (
+        40 * 2**20 + 2**20)
+    _, token = await create_key(store, "send", name="limits")
+    app = create_app(store_url(store), sample_interval_s=0, attachment_limits=limits)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": "l:1"}
+            two = [{"filename": f"{n}.bin", "content": b64(b"x" * 80)} for n in (1, 2)]
+            answer = await client.post("/v1/messages", headers=headers,
+                                       json=body(attachments=two))
+    data = problem(answer, 422)
+    assert "total 160 bytes, over the per-message limit of 150" in data["detail"]
+    assert await store.get("l:1") is None

@@ -64,7 +64,7 @@ def parts() -> tuple[Attachment, ...]:
         Attachment("reçu 42.pdf", PDF, "application/pdf"),
         inline("logo@example.org", PNG, "image/png", "logo.png"),
         calendar_invite(ICS),
-        Attachment("rows.csv", b"a,b\r\n1,2\n\x00", "text/csv"),
+        Attachment("rows.csv", b"a,b\r\n1,2\n\x00", "text/csv; charset=utf-8"),
     )
 
 
@@ -85,6 +85,8 @@ def assert_parts_arrived(raw: bytes) -> None:
     assert files["reçu 42.pdf"].get_content_type() == "application/pdf"
     assert files["reçu 42.pdf"].get_content_disposition() == "attachment"
     assert files["rows.csv"].get_payload(decode=True) == b"a,b\r\n1,2\n\x00"
+    assert files["rows.csv"].get_content_type() == "text/csv"
+    assert files["rows.csv"].get_param("charset") == "utf-8"
     by_type = {p.get_content_type(): p for p in parsed.walk()}
     logo = by_type["image/png"]
     assert logo["Content-ID"] == "<logo@example.org>"
@@ -275,7 +277,8 @@ async def test_the_sandbox_records_names_types_and_sizes(store: Store) -> None:
          "size": len(PNG)},
         {"filename": "invite.ics", "content_type": "text/calendar; method=REQUEST; "
          "charset=UTF-8", "kind": "calendar", "size": len(ICS.encode())},
-        {"filename": "rows.csv", "content_type": "text/csv", "kind": "attachment",
+        {"filename": "rows.csv", "content_type": "text/csv; charset=utf-8",
+         "kind": "attachment",
          "size": 10},
     ]
 

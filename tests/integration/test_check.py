@@ -95,7 +95,15 @@ def failures(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def healthy_args(tmp_path: Path, redis_url: str) -> list[str]:
     return ["--provider", f"record://{tmp_path / 'sends.db'}", "--rate", "60/s",
-            "--limiter", redis_url, "--lanes", "interactive=70,bulk=30"]
+            "--limiter", redis_url, "--lanes", "interactive=70,bulk=30",
+            "--unsubscribe-url", "https://mail.example.com"]
+
+
+@pytest.fixture(autouse=True)
+def unsubscribe_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy deployment signs its bulk lane's unsubscribe links (docs/deliverability.md)."""
+    monkeypatch.setenv("POSTLANE_UNSUBSCRIBE_SECRET", "0123456789abcdef0123456789abcdef")
+    monkeypatch.delenv("POSTLANE_UNSUBSCRIBE_URL", raising=False)
 
 
 # -- the healthy deployment --------------------------------------------------------------
@@ -107,7 +115,7 @@ def test_healthy_postgres_deployment_passes(migrated_pg: str, redis_url: str,
     assert {f["status"] for f in report["findings"]} == {"ok"}, report
     checks = {f["check"] for f in report["findings"]}
     assert checks == {"database", "migrations", "limiter", "provider", "rate", "lanes",
-                      "retry budget"}
+                      "retry budget", "unsubscribe"}
     assert "no probe available" in by_check(report, "provider")[0]["message"]
     assert "ready for traffic" in report["summary"]
 
@@ -418,7 +426,7 @@ def test_an_api_host_checks_only_what_it_uses(migrated_pg: str) -> None:
     code, report = run_check(migrated_pg, "--skip", "provider,limiter", "--skip", "rate")
     assert code == 0, report
     assert {f["check"] for f in report["findings"]} == {"database", "migrations", "lanes",
-                                                         "retry budget"}
+                                                         "retry budget", "unsubscribe"}
     result = CliRunner().invoke(app, ["--db", migrated_pg, "check", "--skip", "network"])
     assert result.exit_code == 2
     assert "unknown check 'network'" in result.output
@@ -496,3 +504,21 @@ async def test_an_endpoint_that_does_not_answer_fails_with_a_connect_timeout() -
     assert f"nothing answers at 127.0.0.1:{port}: no connection within 0.5 s" in (
         finding.message)
     assert "connect timeout" in finding.message
+
+
+def test_bulk_lanes_without_signed_unsubscribe_links_are_named(
+        migrated_pg: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    skip = ["--skip", "provider,limiter,rate"]
+    code, report = run_check(migrated_pg, *skip)
+    [finding] = by_check(report, "unsubscribe")
+    assert code == 0 and finding["status"] == "warn"
+    assert "bulk lane(s) bulk would send without List-Unsubscribe" in finding["message"]
+    _, report = run_check(migrated_pg, *skip, "--bulk-lanes", "")
+    assert by_check(report, "unsubscribe")[0]["status"] == "ok"
+    monkeypatch.setenv("POSTLANE_UNSUBSCRIBE_SECRET", "short")
+    code, report = run_check(migrated_pg, *skip, "--unsubscribe-url", "https://m.example.com")
+    [finding] = by_check(report, "unsubscribe")
+    assert code == 1 and finding["status"] == "fail" and "16 bytes" in finding["message"]
+    monkeypatch.setenv("POSTLANE_UNSUBSCRIBE_SECRET", "0123456789abcdef0123456789abcdef")
+    code, report = run_check(migrated_pg, *skip, "--unsubscribe-url", "http://m.example.com")
+    assert code == 1 and "https" in by_check(report, "unsubscribe")[0]["message"]

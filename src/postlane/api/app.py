@@ -28,6 +28,7 @@ from postlane.api.routes_content import router as content_router
 from postlane.api.routes_unsubscribe import router as unsubscribe_router
 from postlane.api.sessions import Sessions
 from postlane.api.state import AppState, app_state
+from postlane.core.attachments import AttachmentLimits
 from postlane.core.deliverability import SuppressionPolicy
 from postlane.core.lanes import DEFAULT_LANES
 from postlane.core.unsubscribe import secrets_from_env
@@ -65,6 +66,13 @@ UPLOAD_PREFIX = "/v1/imports/"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """``POST /v1/messages`` only: a message with attachments in base64 (10 MB of parts, the
 default per-message limit, is 13.4 MB as base64). Every other body keeps the 1 MiB limit."""
+
+
+def message_body_limit(attachments: AttachmentLimits, max_body_bytes: int) -> int:
+    """The body limit of ``POST /v1/messages`` for these attachment limits: the parts in
+    base64 (4 bytes for every 3) beside everything else a message body holds."""
+    return max(DEFAULT_MAX_MESSAGE_BYTES,
+               -(-attachments.max_total_bytes * 4 // 3) + max_body_bytes)
 MESSAGES_PATH = "/v1/messages"
 INBOUND_MAIL_PATH = "/v1/webhooks/smtp"
 MAX_INBOUND_MAIL_BYTES = 10 * 1024 * 1024
@@ -170,7 +178,8 @@ def create_app(
     *,
     lanes: Sequence[str] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    max_message_bytes: int | None = None,
+    attachment_limits: AttachmentLimits | None = None,
     session_secret: str | bytes | None = None,
     sample_interval_s: float = 5.0,
     cookie_secure: bool = False,
@@ -182,11 +191,15 @@ def create_app(
     ``lanes``: the configured lane names (default: interactive, bulk). ``session_secret``
     signs dashboard sessions (default: ``$POSTLANE_SESSION_SECRET`` or one per process).
     ``sample_interval_s``: how often the dashboard's in-memory charts sample the store.
-    ``cookie_secure``: set when served over HTTPS. ``max_message_bytes``: the body limit
-    of ``POST /v1/messages`` alone (attachments travel in it as base64).
-    ``unsubscribe_secrets`` verify one-click unsubscribe tokens (default:
-    ``$POSTLANE_UNSUBSCRIBE_SECRET``).
+    ``cookie_secure``: set when served over HTTPS. ``attachment_limits``: sizes per part
+    and per message, checked at enqueue (default 10 MB each). ``max_message_bytes``: the body
+    limit of ``POST /v1/messages`` alone, where attachments travel as base64 (default: room
+    for the per-message limit, at least 16 MiB). ``unsubscribe_secrets`` verify one-click
+    unsubscribe tokens (default: ``$POSTLANE_UNSUBSCRIBE_SECRET``).
     """
+    attachment_limits = attachment_limits or AttachmentLimits()
+    if max_message_bytes is None:
+        max_message_bytes = message_body_limit(attachment_limits, max_body_bytes)
     lane_names = tuple(lanes) if lanes else tuple(lane.name for lane in DEFAULT_LANES)
     SuppressionPolicy.from_env()  # a bad POSTLANE_SOFT_BOUNCE_* fails the start, not a webhook
     state = AppState(store_url=store_url, lanes=lane_names,
@@ -197,7 +210,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = open_store(store_url, limits=Limits(lanes=lane_names))
+        store = open_store(store_url, limits=Limits(lanes=lane_names,
+                                                    attachments=attachment_limits))
         await store.open()
         sampler_task: asyncio.Task[None] | None = None
         redactor = access_log.install()

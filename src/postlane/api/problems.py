@@ -128,7 +128,8 @@ def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
 def complete_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
     """Make the document say what the app does on errors, for every operation:
 
-    - errors are ``application/problem+json`` (FastAPI documents every model as JSON);
+    - errors are ``application/problem+json`` (FastAPI documents every model as JSON),
+      except where a route declares an HTML page (``/unsubscribe/{token}``);
     - a request body can be malformed (400), too large (413) or invalid (422);
     - parameters can be invalid (422): a ``Problem``, not FastAPI's ``HTTPValidationError``;
     - any operation can find the database unavailable (503);
@@ -149,8 +150,8 @@ def complete_error_responses(schema: dict[str, Any]) -> dict[str, Any]:
             for code in codes:
                 responses.setdefault(code, {"description": DESCRIPTIONS[int(code)]})
             for code, response in responses.items():
-                if code[:1] not in "45":
-                    continue
+                if code[:1] not in "45" or "text/html" in response.get("content", {}):
+                    continue  # a page for a person (the unsubscribe link) stays a page
                 response["content"] = {MEDIA_TYPE: {"schema": problem}}
                 if response.get("description") in ("Validation Error", None):
                     response["description"] = DESCRIPTIONS.get(int(code), "An error.")

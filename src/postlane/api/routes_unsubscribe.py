@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import html
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 
+from postlane.api.problems import problem_responses
 from postlane.api.state import app_state
 from postlane.core.unsubscribe import ONE_CLICK, PATH
 from postlane.webhooks.unsubscribe import InvalidToken, claims_of, one_click
@@ -37,11 +39,21 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
 
 
 def _invalid(exc: InvalidToken) -> HTMLResponse:
-    return _page("This link does not work",
-                 f"<p>{html.escape(str(exc))}. Use the link of a recent message.</p>", 400)
+    why = str(exc)
+    hint = "" if "not configured" in why else " Use the link of a more recent message."
+    return _page("This link does not work", f"<p>{html.escape(why)}.{hint}</p>", 400)
 
 
-@router.get(PATH + "{token}", response_class=HTMLResponse,
+_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/html": {"schema": {"type": "string"}}}},
+    400: {"description": "The token does not verify (or unsubscribe is not configured): "
+                         "an HTML page saying so; nothing recorded.",
+          "content": {"text/html": {"schema": {"type": "string"}}}},
+    **problem_responses(503),
+}
+
+
+@router.get(PATH + "{token}", response_class=HTMLResponse, responses=_ANSWERS,
             summary="The confirmation page of a one-click unsubscribe link (changes nothing)")
 async def confirm(token: str, request: Request) -> HTMLResponse:
     try:
@@ -57,7 +69,7 @@ async def confirm(token: str, request: Request) -> HTMLResponse:
         f'<button type="submit">Unsubscribe</button></form>')
 
 
-@router.post(PATH + "{token}", response_class=HTMLResponse,
+@router.post(PATH + "{token}", response_class=HTMLResponse, responses=_ANSWERS,
              summary="One-click unsubscribe (RFC 8058): the token is the credential")
 async def unsubscribe(token: str, request: Request) -> HTMLResponse:
     state = app_state(request)

@@ -17,7 +17,8 @@ from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summar
 _WORKER_TABLE = "worker"
 _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
                 "headroom": float, "concurrency": int, "retry_base": str, "retry_cap": str,
-                "retry_budget": str}
+                "retry_budget": str, "bulk_lanes": str, "unsubscribe_url": str,
+                "unsubscribe_mailto": str}
 
 
 def check(
@@ -56,17 +57,29 @@ def check(
         envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
         help="Fraction of each lane's validity window its retries may use, as given to the "
              "worker [default: 0.667].")] = None,
+    bulk_lanes: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_BULK_LANES", show_envvar=True,
+        help="Bulk lanes, as given to the worker [default: bulk].")] = None,
+    unsubscribe_url: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_URL", show_envvar=True,
+        help="One-click unsubscribe base URL, as given to the worker.")] = None,
+    unsubscribe_mailto: Annotated[str | None, typer.Option(
+        envvar="POSTLANE_UNSUBSCRIBE_MAILTO", show_envvar=True,
+        help="Unsubscribe mailbox, as given to the worker.")] = None,
     skip: Annotated[list[str] | None, typer.Option(
         help="Leave out a group of checks (repeatable): database, limiter, provider, rate, "
              "lanes. An API host (postlane serve) needs only the database.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Verify a deployment before it takes traffic: database and migrations, limiter,
-    provider, lanes, retry budgets, rate. Exit 1 if anything is wrong."""
+    provider, lanes, retry budgets, one-click unsubscribe, rate. Exit 1 if anything is
+    wrong."""
     values: dict[str, Any] = {"provider": provider, "rate": rate, "limiter": limiter,
                               "lanes": lanes, "headroom": headroom, "concurrency": concurrency,
                               "retry_base": retry_base, "retry_cap": retry_cap,
-                              "retry_budget": retry_budget}
+                              "retry_budget": retry_budget, "bulk_lanes": bulk_lanes,
+                              "unsubscribe_url": unsubscribe_url,
+                              "unsubscribe_mailto": unsubscribe_mailto}
     values.update(_worker_defaults(ctx, values))
     unknown = {name.strip() for item in skip or () for name in item.split(",")} - set(SKIPPABLE)
     if unknown:
@@ -78,6 +91,8 @@ def check(
         retry_base=values["retry_base"], retry_cap=values["retry_cap"],
         retry_budget=values["retry_budget"],
         headroom=values["headroom"], concurrency=values["concurrency"],
+        bulk_lanes=values["bulk_lanes"], unsubscribe_url=values["unsubscribe_url"],
+        unsubscribe_mailto=values["unsubscribe_mailto"],
         skip=frozenset(name.strip() for item in skip or () for name in item.split(",")),
     )
 

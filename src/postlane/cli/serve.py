@@ -10,6 +10,11 @@ import typer
 
 from postlane import tracing
 from postlane.cli.durations import duration_option
+from postlane.core.attachments import (
+    DEFAULT_MAX_ATTACHMENT_BYTES,
+    DEFAULT_MAX_ATTACHMENTS_BYTES,
+    AttachmentLimits,
+)
 from postlane.core.lanes import parse_lane_shares
 from postlane.errors import ConfigurationError, MissingExtra
 from postlane.extras import requires
@@ -29,6 +34,14 @@ def serve(
     max_body: Annotated[int, typer.Option(
         envvar="POSTLANE_MAX_BODY", show_envvar=True,
         help="Largest request body in bytes; larger ones get 413.")] = 1024 * 1024,
+    max_attachment_bytes: Annotated[int, typer.Option(
+        envvar="POSTLANE_MAX_ATTACHMENT_BYTES", show_envvar=True, min=1,
+        help="Largest attachment of a message, in bytes (checked at enqueue; see "
+             "docs/content.md for each provider's own limit).")] = DEFAULT_MAX_ATTACHMENT_BYTES,
+    max_attachments_bytes: Annotated[int, typer.Option(
+        envvar="POSTLANE_MAX_ATTACHMENTS_BYTES", show_envvar=True, min=1,
+        help="Largest total of a message's attachments, in bytes; POST /v1/messages takes "
+             "a body large enough for it in base64.")] = DEFAULT_MAX_ATTACHMENTS_BYTES,
     sample_interval: Annotated[timedelta, duration_option(
         help="Between the dashboard's in-memory samples (0: off).")
     ] = "5s",  # type: ignore[assignment]
@@ -66,7 +79,9 @@ def serve(
     try:
         app = create_app(ctx.obj.db, lanes=names, max_body_bytes=max_body,
                          sample_interval_s=sample_interval.total_seconds(),
-                         cookie_secure=secure_cookies)
+                         cookie_secure=secure_cookies,
+                         attachment_limits=AttachmentLimits(max_attachment_bytes,
+                                                            max_attachments_bytes))
     except ConfigurationError as exc:  # the environment: unsubscribe secret, soft bounces
         raise typer.BadParameter(str(exc)) from None
     # log_config=None: uvicorn's own lines go through the handler configured above, in the

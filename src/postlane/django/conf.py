@@ -6,6 +6,8 @@ them), and the Postlane store URL derived from Django's own ``DATABASES``.
         "LANE": "interactive",      # the lane of an email that names none
         "LANES": ["interactive", "bulk"],  # the lane names the workers run (validation)
         "MAX_CONTENT_BYTES": 1_000_000,
+        "MAX_ATTACHMENT_BYTES": 10_485_760,   # per attachment (docs/content.md)
+        "MAX_ATTACHMENTS_BYTES": 10_485_760,  # all of one message's attachments
         "REQUIRE_KEY": False,       # True: an email without an idempotency key is an error
         "STORE_URL": None,          # default: derived from DATABASES[DATABASE]
         "PROVIDER": None,           # postlane_worker's provider URL (or POSTLANE_PROVIDER)
@@ -18,12 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from postlane.core.attachments import (
+    DEFAULT_MAX_ATTACHMENT_BYTES,
+    DEFAULT_MAX_ATTACHMENTS_BYTES,
+    AttachmentLimits,
+)
 from postlane.core.message import DEFAULT_LANE
 from postlane.core.validation import DEFAULT_MAX_CONTENT_BYTES, Limits
 from postlane.errors import ConfigurationError
 
-_KNOWN = {"DATABASE", "LANE", "LANES", "MAX_CONTENT_BYTES", "REQUIRE_KEY", "STORE_URL",
-          "PROVIDER"}
+_KNOWN = {"DATABASE", "LANE", "LANES", "MAX_CONTENT_BYTES", "MAX_ATTACHMENT_BYTES",
+          "MAX_ATTACHMENTS_BYTES", "REQUIRE_KEY", "STORE_URL", "PROVIDER"}
 
 _LIBPQ = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "connect_timeout",
           "application_name", "options", "target_session_attrs", "service", "passfile",
@@ -54,7 +61,10 @@ def postlane_settings() -> PostlaneSettings:
         database=raw.get("DATABASE", "default"),
         lane=raw.get("LANE", DEFAULT_LANE),
         limits=Limits(lanes=tuple(raw.get("LANES", Limits().lanes)),
-                      max_content_bytes=raw.get("MAX_CONTENT_BYTES", DEFAULT_MAX_CONTENT_BYTES)),
+                      max_content_bytes=raw.get("MAX_CONTENT_BYTES", DEFAULT_MAX_CONTENT_BYTES),
+                      attachments=AttachmentLimits(
+                          raw.get("MAX_ATTACHMENT_BYTES", DEFAULT_MAX_ATTACHMENT_BYTES),
+                          raw.get("MAX_ATTACHMENTS_BYTES", DEFAULT_MAX_ATTACHMENTS_BYTES))),
         require_key=bool(raw.get("REQUIRE_KEY", False)),
         store_url=raw.get("STORE_URL"),
         provider=raw.get("PROVIDER"),

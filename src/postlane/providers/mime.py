@@ -204,13 +204,14 @@ def json_attachments(parts: tuple[Attachment, ...]) -> list[dict[str, str | None
 
 
 def _type(part: Attachment) -> tuple[str, str, dict[str, str]]:
-    """``maintype``, ``subtype`` and the parameters of a part's content type."""
+    """``maintype``, ``subtype`` and the parameters of a part's content type (a calendar's
+    charset aside: the email package sets it when it encodes the text)."""
     kind, *params = (p.strip() for p in part.content_type.split(";"))
     maintype, _, subtype = kind.lower().partition("/")
     parameters = {}
     for param in params:
         name, _, value = param.partition("=")
-        if name.strip().lower() != "charset":  # set from the content itself
+        if part.kind != CALENDAR or name.strip().lower() != "charset":
             parameters[name.strip().lower()] = value.strip().strip('"')
     return maintype, subtype, parameters
 
