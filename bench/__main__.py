@@ -15,6 +15,8 @@ Scenarios, each writing its own section of RESULTS.md:
   sharing a Redis limiter;
 - ``pickup``: enqueue-to-claim on an idle queue, both engines;
 - ``memory``: worker peak RSS with 1,000,000 pending deliveries;
+- ``browser``: the dashboard's messages browser (keyset pages, counts) at 1,000,000
+  deliveries, with and without migration 0011's index (``bench/browser.py``);
 - ``store``: ``bench/store_bench.py`` (written by others; run as it is);
 - ``import``: ``bench/import_bench.py`` (written by others; run as it is, if present);
 - ``chaos``: ``python -m bench.chaos`` (only with ``--only chaos``: it restarts the shared
@@ -48,9 +50,9 @@ from bench._common import (
     write_section,
 )
 
-ORDER = ("run", "throughput", "lanes", "limiter", "pickup", "memory", "chaos", "store",
-         "import")
-DEFAULT = ("throughput", "lanes", "limiter", "pickup", "memory", "store", "import")
+ORDER = ("run", "throughput", "lanes", "limiter", "pickup", "memory", "browser", "chaos",
+         "store", "import")
+DEFAULT = ("throughput", "lanes", "limiter", "pickup", "memory", "browser", "store", "import")
 
 PREAMBLE = """\
 # Postlane benchmark results
@@ -186,6 +188,9 @@ def main() -> int:
         elif name == "memory":
             from bench import memory
             mine(name, lambda: memory.run(a.quick, command)[0])
+        elif name == "browser":
+            from bench import browser
+            mine(name, lambda: browser.run(200_000 if a.quick else 1_000_000, 5))
         elif name == "chaos":
             from bench.chaos import run as chaos
 

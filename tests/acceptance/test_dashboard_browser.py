@@ -10,8 +10,11 @@ is saved to ``docs/screenshots/dashboard.png``.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import sqlite3
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,16 +23,18 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
 
-from postlane import Message, State, open_store
+from postlane import Message, State, __version__, open_store
 from postlane.api.keys import create_key
+from postlane.core.breaker import CONTROL_PREFIX, BreakerConfig, account_trouble
 from postlane.core.outcomes import Outcome
 from postlane.core.policy import RetryPolicy
+from postlane.core.records import Claim, DeliveryFilter, Transition, WorkerHeartbeat
 from postlane.imports import import_csv
 from postlane.providers.testing import RecordingProvider
 from postlane.store import Store
 from postlane.templates import add_template
 from postlane.worker import Worker, WorkerConfig
-from postlane.worker.controls import LANE_PAUSE, pause_import
+from postlane.worker.controls import LANE_PAUSE, pause_import, pause_lane, resume_lane
 
 from .conftest import Launcher, WorkerProc
 
@@ -277,4 +282,193 @@ async def operate_the_dashboard(launcher: Launcher, browser: Browser, tmp_path: 
         await expect(page.locator("table.imports")).to_contain_text("spring")
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        await context.close()
+
+
+# -- the on-call pages -------------------------------------------------------------------
+SHOTS = SCREENSHOT.parent
+
+
+async def seed_on_call(store: Store, provider: RecordingProvider, workdir: Path) -> dict[str, int]:
+    """A sent receipt with an HTML part, four dead digests (their outcomes counted by the
+    worker that sent them), an import of twelve queued welcomes and three invoices held
+    ambiguous for an operator."""
+    receipt = await store.enqueue(Message(
+        key="receipt:1001", to="ada@example.com", subject="Your receipt #1001",
+        text="Thank you, Ada.\nTotal: 12.00 EUR",
+        html='<h2 style="font-family:sans-serif">Thank you, Ada</h2>'
+             '<p style="font-family:sans-serif">Total: <b>12.00 EUR</b></p>'
+             '<img src="https://tracker.example/open.gif" width="1" height="1" alt="">'))
+    provider.script_key("receipt:1001", Outcome.accepted(
+        "4F2A1C", response="250 2.0.0 Ok: queued as 4F2A1C"))
+    for i in range(4):
+        await store.enqueue(Message(key=f"digest:{i}", to=f"reader{i}@example.com",
+                                    subject="Your weekly digest", text="Hello", lane="bulk"))
+        provider.script_key(f"digest:{i}", Outcome.permanent("550 5.1.1 mailbox unavailable"))
+    await drain(store, provider)
+    await add_template(store, "welcome", subject="Welcome, {{ name }}",
+                       text="Hello {{ name }}, your account is ready.")
+    rows = "".join(f"{i},new{i}@example.com,Reader {i}\n" for i in range(12))
+    (workdir / "spring.csv").write_text("user_id,email,name\n" + rows)
+    await import_csv(store, workdir / "spring.csv", template="welcome", import_id="spring")
+    for i in range(3):
+        await store.enqueue(Message(key=f"invoice:{i}", to=f"billing{i}@example.com",
+                                    subject="Your invoice", text="Attached."))
+    claimed = await store.claim_batch("interactive", 10, "test", timedelta(seconds=30))
+    await store.start_attempts("test", [Claim(d.id, d.claims) for d in claimed])
+    await store.set_state_if_sending_many("test", [Transition(
+        d.id, d.claims, State.AMBIGUOUS, "ambiguous", error="timed out after DATA",
+        detail={"outcome": "ambiguous", "resolution": "hold"}) for d in claimed])
+    # A worker on another host that died an hour ago: its heartbeat stayed behind.
+    await store.record_heartbeat(WorkerHeartbeat(
+        owner="mail-2:7177:0be1d3", host="mail-2", pid=7177, version=__version__,
+        provider="record", lanes={"interactive": 0.7, "bulk": 0.3}, in_flight=12,
+        interval_s=5.0), {})
+    return {"receipt": receipt.id, "ambiguous": len(claimed)}
+
+
+def age_heartbeat(db_path: Path, owner: str, seconds: float) -> None:
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE postlane_workers SET started_at = started_at - ?, "
+                     "heartbeat_at = heartbeat_at - ? WHERE owner = ?",
+                     (seconds + 3600, seconds, owner))
+
+
+async def test_on_call_pages_in_a_browser(launcher: Launcher, browser: Browser,
+                                          tmp_path: Path) -> None:
+    async with asyncio.timeout(150):
+        await operate_on_call(launcher, browser, tmp_path)
+
+
+async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) -> None:
+    db_path = tmp_path / "postlane.db"
+    db = f"sqlite:///{db_path}"
+    provider = RecordingProvider()
+    async with open_store(db) as store:
+        await store.migrate()
+        _, token = await create_key(store, "read,operate", name="ops")
+        seeded = await seed_on_call(store, provider, tmp_path)
+        age_heartbeat(db_path, "mail-2:7177:0be1d3", 3600)
+        # The lanes are paused while the operator works, so the worker process started
+        # later heart-beats but sends nothing.
+        for lane in ("interactive", "bulk"):
+            await pause_lane(store, lane, by="on-call")
+
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        await wait_healthy(base, serve(launcher, db, port))
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        page = await context.new_page()
+        page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+        await page.goto(f"{base}/dashboard/login")
+        await page.fill("#api_key", token)
+        await page.click("button[type=submit]")
+        await expect(page).to_have_url(f"{base}/dashboard")
+
+        # The messages browser: every delivery, newest first, then filtered.
+        await page.click("nav >> text=Messages")
+        count = page.locator("p.count strong")
+        await expect(count).to_have_text("20")
+        rows = page.locator("table.browser tbody tr")
+        await expect(rows).to_have_count(20)
+        await page.select_option("select[name=lane]", "bulk")
+        await page.click("form.filters button[type=submit]")
+        await expect(count).to_have_text("16")
+        await expect(page.locator("table.browser")).to_contain_text("digest:0")
+        await page.screenshot(path=str(SHOTS / "messages.png"), full_page=True)
+
+        # A bulk cancel of the import's queued welcomes: counted, confirmed, done.
+        await page.select_option("select[name=lane]", "")
+        await page.fill("input[name=import_id]", "spring")
+        await page.click("form.filters button[type=submit]")
+        await expect(count).to_have_text("12")
+        await page.get_by_role("link", name="Cancel queued…").click()
+        await expect(page.locator("p.count")).to_contain_text("Cancel 12 queued deliveries")
+        await page.fill("input[name=reason]", "wrong list uploaded")
+        await page.screenshot(path=str(SHOTS / "bulk-cancel.png"), full_page=True)
+        await page.get_by_role("button", name="Cancel queued: 12").click()
+        await expect(page.locator("p.notice")).to_have_text("cancelled 12 queued deliveries")
+        await expect(page.locator("table.browser tbody")).to_contain_text("No messages match")
+        welcomes = await store.list_deliveries(DeliveryFilter(import_id="spring"))
+        assert {d.state for d in welcomes} == {"cancelled"} and len(welcomes) == 12
+        event = (await store.timeline(welcomes[0].id))[-1]
+        assert event.data == {"reason": "wrong list uploaded", "by": "apikey:ops#1"}
+
+        # A bulk resolve of the invoices held ambiguous.
+        await page.goto(f"{base}/dashboard/messages?state=ambiguous")
+        await expect(count).to_have_text(str(seeded["ambiguous"]))
+        await page.get_by_role("link", name="Resolve ambiguous…").click()
+        await expect(page.locator("p.count")).to_contain_text("Resolve 3 ambiguous deliveries")
+        await page.select_option("select[name=resolution]", "sent")
+        await page.fill("input[name=reason]", "found in the provider's log")
+        await page.get_by_role("button", name="Resolve ambiguous: 3").click()
+        await expect(page.locator("p.notice")).to_have_text(
+            "resolved 3 ambiguous deliveries as sent")
+        invoices = await store.list_deliveries(DeliveryFilter(state="sent"))
+        assert sorted(d.key for d in invoices if d.key.startswith("invoice:")) == [
+            "invoice:0", "invoice:1", "invoice:2"]
+
+        # A message's page: content previewed, the provider's reply labelled as such.
+        await page.goto(f"{base}/dashboard/messages/{seeded['receipt']}")
+        await expect(page.locator("pre.text-part")).to_contain_text("Total: 12.00 EUR")
+        frame = page.frame_locator("iframe.html-part")
+        await expect(frame.locator("h2")).to_have_text("Thank you, Ada")
+        await expect(page.locator("table.attempts")).to_contain_text("accepted")
+        await expect(page.locator("dl.facts")).to_contain_text(
+            "Provider reply250 2.0.0 Ok: queued as 4F2A1C")
+        assert await page.get_by_text("Last error").count() == 0
+        await page.screenshot(path=str(SHOTS / "message.png"), full_page=True)
+
+        # The workers page: a running worker process, and the one that died.
+        worker = launcher.worker(db, f"record://{tmp_path / 'sends.db'}", name="worker")
+        await page.click("nav >> text=Workers")
+        running = page.locator(f"tr.alive:has-text('{worker.pid}')")
+        for _ in range(300):  # until its first heartbeat, a second or two after it starts
+            if await running.count():
+                break
+            await asyncio.sleep(0.1)
+            await page.reload()
+        await expect(running).to_contain_text("running")
+        await expect(running).to_contain_text("interactive 70%")
+        await expect(page.locator("tr.gone")).to_contain_text("mail-2")
+        await page.screenshot(path=str(SHOTS / "workers.png"), full_page=True)
+
+        # Throughput: the outcomes the seeding worker counted, read from the database.
+        await page.click("nav >> text=Throughput")
+        bulk_dead = page.locator("section[data-lane=bulk] tr[data-outcome=dead] td.total")
+        await expect(bulk_dead).to_have_text("4")
+        await page.screenshot(path=str(SHOTS / "throughput.png"), full_page=True)
+
+        # The breaker banner on every page, and "probe now" that lets a worker close it.
+        await store.set_control(CONTROL_PREFIX + "record", account_trouble(
+            time.time(), BreakerConfig(), "535 5.7.8 Authentication credentials invalid",
+            retry_after_s=3600).as_json())
+        await store.enqueue(Message(key="reset:probe", to="ada@example.com",
+                                    subject="Reset your password", text="Follow the link."))
+        await resume_lane(store, "interactive")
+        await page.goto(f"{base}/dashboard")
+        banner = page.locator(".breaker-banner")
+        await expect(banner).to_contain_text("Breaker open for record")
+        await expect(banner).to_contain_text("535 5.7.8 Authentication credentials invalid")
+        await page.click("nav >> text=Messages")
+        await expect(banner).to_be_visible()
+        await page.click("nav >> text=Overview")
+        await page.screenshot(path=str(SHOTS / "breaker.png"), full_page=True)
+        await banner.get_by_role("button", name="Probe now").click()
+        await expect(page.locator("p.notice")).to_contain_text("a worker sends the probe")
+        for _ in range(200):  # the worker probes within a second or two; the banner goes
+            await page.reload()
+            if await banner.count() == 0:
+                break
+            await asyncio.sleep(0.1)
+        await expect(banner).to_have_count(0)
+        probe = await store.get("reset:probe")
+        assert probe is not None and probe.state is State.SENT
+
+        # A clean stop removes the worker from the page.
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+        await page.goto(f"{base}/dashboard/workers")
+        await expect(page.locator("tr.alive")).to_have_count(0)
+        await expect(page.locator("tr.gone")).to_have_count(1)
         await context.close()

@@ -137,3 +137,9 @@ def probing(record: BreakerRecord, now: float, owner: str,
             config: BreakerConfig) -> BreakerRecord:
     return BreakerRecord("half_open", now + config.probe_timeout_s, record.cooldown_s, owner,
                          record.reason, record.cause)
+
+
+def probe_now(record: BreakerRecord, now: float) -> BreakerRecord:
+    """An operator's "probe now": the open breaker is due at once (the cause fixed, nobody
+    should wait out the cool-down); the next worker to look wins the probe as usual."""
+    return replace(record, until=min(record.until, now))

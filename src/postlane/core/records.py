@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from postlane.core.causes import cause_of
-from postlane.core.message import Message
+from postlane.core.message import Delivery, Message
 from postlane.core.states import State
 from postlane.errors import InvalidMessage
 
@@ -182,8 +182,9 @@ class DeadLetterFilter:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryFilter:
-    """A selection of deliveries: what the messages browser lists and what a bulk cancel or
-    resolve acts on. Every field narrows; none given selects every delivery kept.
+    """A selection of deliveries: what the messages browser and ``GET /v1/messages`` list,
+    and what a bulk cancel, resolve, discard or replay acts on (``postlane.operations``).
+    Every field narrows (exact matches); none given selects every delivery kept.
 
     ``state`` is a delivery state or one of two views of ``pending``: ``retrying`` (a
     pending delivery that has spent an attempt; ``pending`` then means a first try still
@@ -210,6 +211,60 @@ class DeliveryFilter:
 FILTER_STATES: tuple[str, ...] = ("queued", "pending", "retrying", *(
     str(s) for s in State if s is not State.PENDING))
 """What ``DeliveryFilter.state`` takes: the states, pending split in two, and both."""
+
+
+def view_state(delivery: Delivery) -> str:
+    """A delivery's state as a selection names it (``retrying`` apart from ``pending``)."""
+    if delivery.state is State.PENDING and delivery.attempts > 0:
+        return "retrying"
+    return str(delivery.state)
+
+
+# -- the on-call view: workers and outcomes over time --------------------------------------
+GONE_AFTER_BEATS = 3.0
+"""A worker whose last heartbeat is older than this many of its intervals is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """What a running worker writes about itself every few seconds."""
+
+    owner: str
+    host: str
+    pid: int
+    version: str
+    provider: str
+    lanes: Mapping[str, float]
+    """Lane -> share of the worker's send slots."""
+    in_flight: int
+    interval_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSeen:
+    """A worker's last heartbeat as read back, with its age on the database clock."""
+
+    heartbeat: WorkerHeartbeat
+    started_at: datetime
+    heartbeat_at: datetime
+    age_s: float
+
+    @property
+    def gone(self) -> bool:
+        return self.age_s > GONE_AFTER_BEATS * self.heartbeat.interval_s
+
+
+OUTCOME_SERIES: tuple[str, ...] = ("sent", "throttled", "transient", "ambiguous", "dead")
+"""The outcomes counted per minute and lane (dead: dead-letter arrivals, expiry included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeMinute:
+    minute: int
+    """Unix seconds at the start of the minute (database clock)."""
+    lane: str
+    outcome: str
+    count: int
 
 
 # -- provider events and the suppression list ----------------------------------------------

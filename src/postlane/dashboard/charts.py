@@ -19,6 +19,14 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def per_second(rate: float) -> str:
+    """A rate as the throughput page shows it: two decimals, and "< 0.01/s" for a trickle
+    (a rate per second of a few messages a day would read 1.16e-05)."""
+    if rate <= 0:
+        return "0/s"
+    return "< 0.01/s" if rate < 0.01 else f"{rate:,.2f}/s"
+
+
 def human_span(seconds: float) -> str:
     if seconds >= 3600 and seconds % 3600 == 0:
         return "hour" if seconds == 3600 else f"{seconds / 3600:.0f} h"
@@ -46,7 +54,12 @@ def sparkline(points: Sequence[tuple[float, float]], *, now: float, window_s: fl
         y = pad_top + inner - (v / scale) * inner
         return f"{x:.1f},{y:.1f}"
 
-    peak_text = human_seconds(peak) if unit == "s" else f"{peak:,.0f}"
+    if unit == "s":
+        peak_text = human_seconds(peak)
+    elif unit == "/s":
+        peak_text = per_second(peak)
+    else:
+        peak_text = f"{peak:,.0f}"
     span = human_span(window_s)
     title = f"{label}: last {span}, max {peak_text}"
     parts = [

@@ -8,8 +8,8 @@ Every form carries a CSRF token; every action redirects back with a one-line not
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote, unquote, urlencode
@@ -19,17 +19,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from postlane.api.downloads import attachment_response, stored_part
 from postlane.api.keys import authenticate
-from postlane.api.models import AttachmentOut, DeadLetterOut, EventOut, MessageOut
+from postlane.api.models import DeadLetterOut
 from postlane.api.sessions import COOKIE
 from postlane.api.state import AppState, actor, app_state
-from postlane.core.records import ApiKey, DeadLetterFilter
+from postlane.core.breaker import CONTROL_PREFIX as BREAKER_PREFIX
+from postlane.core.records import ApiKey, Control, DeadLetterFilter, view_state
 from postlane.core.states import DeadReason
 from postlane.core.validation import text_problem
-from postlane.dashboard.charts import bars, human_seconds, sparkline
+from postlane.dashboard.charts import bars, human_seconds, per_second, sparkline
 from postlane.dead_letters import replay_one, replay_selection
 from postlane.errors import PostlaneError
+from postlane.status import breaker_reason
 from postlane.store.base import Store
 from postlane.worker.controls import pause_lane, resume_lane
 
@@ -38,8 +39,20 @@ PREFIX = "/dashboard"
 
 _root = resources.files("postlane.dashboard")
 templates = Jinja2Templates(directory=str(_root.joinpath("templates")))
-templates.env.globals.update(human_seconds=human_seconds, sparkline=sparkline, bars=bars)
+templates.env.globals.update(human_seconds=human_seconds, sparkline=sparkline, bars=bars,
+                             per_second=per_second, view_state=view_state)
 templates.env.filters["when"] = lambda d: d.strftime("%Y-%m-%d %H:%M:%S") if d else ""
+
+
+def unix_when(t: float | None) -> str:
+    """A unix time as the pages show times; a time no calendar holds as "far ahead"."""
+    try:
+        return datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%d %H:%M:%S") if t else ""
+    except (OverflowError, OSError, ValueError):
+        return "far ahead"
+
+
+templates.env.filters["unix_when"] = unix_when
 templates.env.filters["clock"] = lambda d: d.strftime("%H:%M:%S.%f")[:-3] if d else ""
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
@@ -57,6 +70,8 @@ class Session:
     csrf: str
     store: Store
     state: AppState
+    breakers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Open or half-open breakers by account, for the banner every page shows."""
 
     @property
     def can_operate(self) -> bool:
@@ -74,7 +89,14 @@ async def session(request: Request) -> Session:
             or state.sessions.signed_out(signed, key.sessions_after)):
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target if request.method == "GET" else PREFIX)
-    return Session(key, cookie, state.sessions.csrf_token(cookie), store, state)
+    breakers = {account: {**record, "why": breaker_reason(record)}
+                for account, record in _breakers(await store.get_controls()).items()}
+    return Session(key, cookie, state.sessions.csrf_token(cookie), store, state, breakers)
+
+
+def _breakers(controls: dict[str, Control]) -> dict[str, dict[str, Any]]:
+    return {name.removeprefix(BREAKER_PREFIX): control.value
+            for name, control in sorted(controls.items()) if name.startswith(BREAKER_PREFIX)}
 
 
 Signed = Annotated[Session, Depends(session)]
@@ -132,7 +154,7 @@ def refused(request: Request, s: Session, why: str) -> HTMLResponse:
     return render(request, "base.html", {"s": s}, status_code=400, error=why)
 
 
-def _local(url: str) -> str:
+def local(url: str) -> str:
     """Only redirect within the dashboard (no open redirects)."""
     return url if url.startswith(PREFIX) and not url.startswith("//") else PREFIX
 
@@ -140,7 +162,7 @@ def _local(url: str) -> str:
 # -- signing in --------------------------------------------------------------------------
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str = PREFIX) -> HTMLResponse:
-    return render(request, "login.html", {"next": _local(next), "error": None})
+    return render(request, "login.html", {"next": local(next), "error": None})
 
 
 @router.post("/login", response_model=None)
@@ -154,9 +176,9 @@ async def login(request: Request, api_key: Annotated[str, Form()],
     elif "read" not in key.scopes:
         error = f"API key {key.name} lacks the 'read' scope the dashboard needs."
     if key is None or error:
-        return render(request, "login.html", {"next": _local(next), "error": error},
+        return render(request, "login.html", {"next": local(next), "error": error},
                       status_code=401)
-    response = RedirectResponse(_local(next), status_code=303)
+    response = RedirectResponse(local(next), status_code=303)
     response.set_cookie(COOKIE, state.sessions.issue(key.id), path=PREFIX, httponly=True,
                         samesite="strict", secure=state.cookie_secure,
                         max_age=state.sessions.max_age_s)
@@ -320,7 +342,7 @@ async def replay_rest(request: Request, s: Signed, csrf: Csrf) -> Response:
 @router.post("/dead-letters/{delivery_id}/replay")
 async def replay_entry(request: Request, delivery_id: int, s: Signed, csrf: Csrf,
                        back_to: Annotated[str, Form()] = "") -> Response:
-    to = _local(back_to or f"{PREFIX}/dead-letters")
+    to = local(back_to or f"{PREFIX}/dead-letters")
     refusal = guard(s, csrf, to)
     if refusal:
         return refusal
@@ -339,7 +361,7 @@ async def replay_entry(request: Request, delivery_id: int, s: Signed, csrf: Csrf
 async def discard_entry(request: Request, delivery_id: int, s: Signed, csrf: Csrf,
                         reason: Annotated[str, Form()] = "",
                         back_to: Annotated[str, Form()] = "") -> Response:
-    to = _local(back_to or f"{PREFIX}/dead-letters")
+    to = local(back_to or f"{PREFIX}/dead-letters")
     refusal = guard(s, csrf, to)
     if refusal:
         return refusal
@@ -352,67 +374,13 @@ async def discard_entry(request: Request, delivery_id: int, s: Signed, csrf: Csr
     return back(to, f"discarded dead letter {delivery_id}: {reason}")
 
 
-# -- messages ----------------------------------------------------------------------------
-@router.get("/messages", response_model=None)
-async def messages(request: Request, s: Signed, q: str = "") -> Response:
-    """Search by id, idempotency key or recipient; one hit opens its timeline."""
-    q = q.strip()
-    bad = unstorable(search=q)
-    if bad:
-        return render(request, "messages.html", {"s": s, "q": "", "messages": [],
-                                                 "missing": bad}, status_code=400)
-    found = []
-    if q:
-        seen: set[int] = set()
-        candidates = []
-        if q.isdigit() and len(q) < 19:
-            candidates.append(await s.store.get(int(q)))
-        candidates.append(await s.store.get(q))
-        candidates += await s.store.find_deliveries(recipient=q, limit=50)
-        for delivery in candidates:
-            if delivery is not None and delivery.id not in seen:
-                seen.add(delivery.id)
-                found.append(delivery)
-        if len(found) == 1:
-            return RedirectResponse(f"{PREFIX}/messages/{found[0].id}", status_code=303)
-    return render(request, "messages.html", {
-        "s": s, "q": q, "messages": [MessageOut.of(d) for d in found]})
-
-
-@router.get("/messages/{delivery_id}", response_class=HTMLResponse)
-async def message(request: Request, delivery_id: int, s: Signed) -> HTMLResponse:
-    delivery = await s.store.get(delivery_id) if delivery_id < 2**63 else None
-    if delivery is None:
-        return render(request, "messages.html", {
-            "s": s, "q": str(delivery_id), "messages": [],
-            "missing": f"no message with id {delivery_id}"}, status_code=404)
-    events = await s.store.timeline(delivery.id)
-    entry = await s.store.dead_letter(delivery.id)
-    parts = (await s.store.attachments_among([delivery.id])).get(delivery.id, ())
-    pair = await s.store.sms_fallback_pair(delivery.id)
-    return render(request, "message.html", {
-        "s": s, "m": MessageOut.of(delivery), "events": [EventOut.of(e) for e in events],
-        "dead": DeadLetterOut.of(entry) if entry else None, "pair": pair,
-        "attachments": [AttachmentOut.of(i, p) for i, p in enumerate(parts)],
-        "age": timedelta(seconds=max(0.0, time.time() - delivery.created_at.timestamp())),
-    })
-
-
-@router.get("/messages/{delivery_id}/attachments/{position}")
-async def attachment(delivery_id: int, position: int, s: Signed) -> Response:
-    """Download a stored part, byte for byte: for operators only (it is the customer's
-    content: a receipt, an invoice), never shown in place."""
-    if not s.can_operate:
-        return Response(f"API key {s.key.name} lacks the 'operate' scope", status_code=403,
-                        media_type="text/plain")
-    if delivery_id >= 2**63:
-        return Response("no such message", status_code=404, media_type="text/plain")
-    return attachment_response(await stored_part(s.store, delivery_id, position))
-
-
 def mount(app: FastAPI) -> None:
     """Add the dashboard (pages, static files, login redirect) to ``app``."""
+    from postlane.dashboard import fleet, messages
+
     app.include_router(router)
+    app.include_router(messages.router)
+    app.include_router(fleet.router)
     app.mount(f"{PREFIX}/static", StaticFiles(directory=str(_root.joinpath("static"))),
               name="dashboard-static")
 

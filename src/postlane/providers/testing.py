@@ -110,7 +110,10 @@ class RecordingProvider(Provider):
                 # Accept-then-timeout: the provider has it, the caller never hears so.
                 self._accept(delivery.key)
             return scripted
-        return Outcome.accepted(self._accept(delivery.key))
+        # A scripted acceptance keeps its response (an SMTP "250 ... queued as"); the id is
+        # always the recorder's own, so that duplicates are counted the same way.
+        return Outcome.accepted(self._accept(delivery.key),
+                                response=scripted.response if scripted is not None else None)
 
     def _accept(self, key: str) -> str:
         if key in self.accepted:

@@ -36,6 +36,7 @@ from postlane.core.records import (
     ImportProgress,
     ImportRecord,
     LaneDeliverability,
+    OutcomeMinute,
     ProviderEvent,
     ProviderEventResult,
     RescueResult,
@@ -45,6 +46,8 @@ from postlane.core.records import (
     TemplateDeletion,
     TemplateVersion,
     Transition,
+    WorkerHeartbeat,
+    WorkerSeen,
 )
 from postlane.core.validation import Limits
 
@@ -128,6 +131,15 @@ class FleetStore(Protocol):
     async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
         """Per lane, deliveries accepted and provider events received within ``window``:
         the bounce and complaint rates providers judge a sender by."""
+
+    @abc.abstractmethod
+    async def list_workers(self) -> list[WorkerSeen]:
+        """Every worker's last heartbeat (gone ones too, until they are cleaned up), by
+        host and pid; ages on the database clock."""
+
+    @abc.abstractmethod
+    async def outcome_minutes(self, window: timedelta) -> list[OutcomeMinute]:
+        """Outcome counts per minute and lane over the last ``window``, oldest first."""
 
     @abc.abstractmethod
     async def provider_event_totals(self) -> dict[tuple[str, str], int]:
@@ -249,6 +261,18 @@ class WorkerStore(FleetStore, HousekeepingStore, Protocol):
         """Record (replace) the route of each delivery: before the attempt leaves, so an
         ambiguous attempt always knows which provider to ask."""
 
+    @abc.abstractmethod
+    async def record_heartbeat(self, heartbeat: WorkerHeartbeat,
+                               outcomes: Mapping[tuple[str, str], int]) -> None:
+        """Write this worker's heartbeat (times from the database clock) and add
+        ``outcomes`` ((lane, outcome) -> count since the last beat) to the current minute,
+        in one transaction; minutes older than two days, and workers gone for a day, are
+        dropped on the way."""
+
+    @abc.abstractmethod
+    async def forget_worker(self, owner: str) -> None:
+        """Remove a worker's heartbeat: it stopped cleanly."""
+
 
 class OperatorStore(FleetStore, Protocol):
     """Reading deliveries and acting on them by hand: timelines and search, dead letters
@@ -285,14 +309,20 @@ class OperatorStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def count_deliveries(
         self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+        cap: int | None = None,
     ) -> tuple[int, int]:
         """How many deliveries match ``selection`` (up to ``upto_id``), and the highest id
-        among them (0 when none): the count a bulk action confirms and the bound it keeps."""
+        among them (0 when none): the count a bulk action confirms and the bound it keeps.
+        With ``cap``, counting stops past it (``cap + 1`` means "more than ``cap``": the
+        messages browser's count, cheap at a million rows), and the highest id is exact only
+        when the count is within ``cap`` (a bulk action counts without one)."""
 
     @abc.abstractmethod
     async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
         """Cancel these deliveries where they are still pending (never ambiguous: that is
-        ``resolve``'s), one ``cancelled`` event each naming who; returns the ids cancelled."""
+        ``resolve``'s), in one transaction, one ``cancelled`` event each naming who; returns
+        the ids cancelled. Rows another transaction holds at that moment (a claim) are
+        skipped, never waited for."""
 
     @abc.abstractmethod
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None: ...
@@ -316,6 +346,12 @@ class OperatorStore(FleetStore, Protocol):
     @abc.abstractmethod
     async def cancel(self, delivery_id: int, reason: str = "") -> bool:
         """Withdraw a pending (or ambiguous) delivery; False when it is past that."""
+
+    @abc.abstractmethod
+    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
+                                   by: str) -> set[int]:
+        """``discard_dead_letter`` for many entries in one transaction; returns the ids
+        discarded (open entries whose delivery is still dead or expired)."""
 
     @abc.abstractmethod
     async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:

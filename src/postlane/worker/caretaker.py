@@ -1,6 +1,7 @@
 """Housekeeping, every ``controls_interval_s``: read the fleet's controls (pauses, breaker),
 rescue expired leases, reconcile ambiguous deliveries, create the SMS fallbacks that fell
-due and settle import canaries (``worker.housekeeping``) every ``rescue_interval_s``, and in
+due and settle import canaries (``worker.housekeeping``) every ``rescue_interval_s``, write
+the worker's heartbeat every ``heartbeat_interval_s`` (``worker.heartbeat``), and in
 ``drain`` mode notice when everything is done.
 
 Rescue runs on every worker: a worker that died holding leases cannot rescue its own, and a
@@ -17,6 +18,7 @@ from postlane.store.roles import WorkerStore
 from postlane.worker.breaker import FleetBreaker
 from postlane.worker.clock import Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.heartbeat import Heartbeat
 from postlane.worker.housekeeping import Housekeeping
 from postlane.worker.reconciler import Reconciler
 
@@ -29,6 +31,7 @@ class Caretaker:
         reconciler: Reconciler, rescue_interval_s: float, interval_s: float,
         drain: Callable[[], Awaitable[bool]] | None, wake: Callable[[], None], clock: Clock,
         housekeeping: Housekeeping | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.store = store
         self.controls = controls
@@ -43,6 +46,7 @@ class Caretaker:
         self.clock = clock
         self.housekeeping = housekeeping
         """SMS fallbacks and import canaries, on the rescue interval."""
+        self.heartbeat = heartbeat
         self._last_rescue: float | None = None
 
     async def step(self) -> bool:
@@ -64,6 +68,8 @@ class Caretaker:
             await self.reconciler.reconcile()
             if self.housekeeping is not None:
                 await self.housekeeping.care()
+        if self.heartbeat is not None:
+            await self.heartbeat.maybe_beat()
         return self.drain is not None and await self.drain()
 
     async def rescue(self) -> None:

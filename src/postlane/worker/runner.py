@@ -65,6 +65,7 @@ from postlane.worker.breaker import FleetBreaker
 from postlane.worker.caretaker import Caretaker
 from postlane.worker.clock import SYSTEM_CLOCK, Clock
 from postlane.worker.controls import FleetControls
+from postlane.worker.heartbeat import Heartbeat
 from postlane.worker.housekeeping import Housekeeping
 from postlane.worker.pacer import Pacer
 from postlane.worker.poison import unreadable_decision
@@ -101,6 +102,9 @@ class WorkerConfig:
     answer was slow) is not used late; the send takes a fresh slot. Keep it under the limiter's
     headroom in seconds (2 % = 20 ms): sends spread further from their slots than the headroom
     can overfill a one-second window at the provider."""
+    heartbeat_interval_s: float = 5.0
+    """Between two heartbeats (who this worker is, and its outcomes since the last one) in
+    the database; three missed ones and the dashboard shows the worker as gone."""
     drain: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Backoff for lanes that set no ``retry_base_s`` / ``retry_cap_s`` of their own."""
@@ -139,6 +143,13 @@ def held_slots(config: WorkerConfig, limiter: RateLimiter | None) -> int:
         return config.concurrency
     by_rate = math.ceil(limiter.rate * HELD_SECONDS)
     return min(config.concurrency, max(len(config.lanes), by_rate))
+
+
+def _provider_label(provider: Provider) -> str:
+    """The provider as the workers page shows it: its name, and its account when that
+    says more (two SES regions, two SMTP relays)."""
+    account = provider.account
+    return provider.name if account in ("", provider.name) else f"{provider.name} ({account})"
 
 
 def make_owner() -> str:
@@ -194,12 +205,20 @@ class Worker:
         primary = self.routes[0]
         self.traits, self.breaker, self.pacer = primary.traits, primary.breaker, primary.pacer
         self.reconciler = Reconciler(store, self.routes, self.lanes, self._wake_lanes)
+        self.heartbeat = Heartbeat(
+            store, owner=self.owner,
+            provider=", then ".join(_provider_label(r.provider) for r in self.routes),
+            lanes={lane.name: lane.share for lane in config.lanes},
+            in_flight=lambda: len(self._held), interval_s=config.heartbeat_interval_s,
+            clock=clock)
+        self.observers.append(self.heartbeat.observe)
         self.caretaker = Caretaker(
             store, controls=self.controls, breakers=[r.breaker for r in self.routes],
             reconciler=self.reconciler, rescue_interval_s=config.rescue_interval_s,
             interval_s=config.controls_interval_s,
             drain=self._drained if config.drain else None, wake=self._wake_lanes, clock=clock,
             housekeeping=Housekeeping(store, self.lanes),
+            heartbeat=self.heartbeat,
         )
 
         # Slot accounting of the lanes (core.lanes.may_start reads these).
@@ -278,6 +297,7 @@ class Worker:
             await self._finish_in_flight()
             self.acker.release_unreported()
             await self.acker.flush()
+            await self.heartbeat.stop()
             for route in self.routes:
                 await route.provider.close()
             if self.callbacks is not None:

@@ -14,6 +14,7 @@ with requires("postgres", "a PostgreSQL database"):
     from postlane.store.postgres._callbacks import CallbacksMixin
     from postlane.store.postgres._claims import ClaimsMixin
     from postlane.store.postgres._http_api import HttpApiMixin
+    from postlane.store.postgres._on_call import OnCallMixin
     from postlane.store.postgres._operating import OperatingMixin
     from postlane.store.postgres._producing import (
         ProducingMixin,
@@ -41,6 +42,7 @@ class PostgresStore(
     ProducingMixin,
     ClaimsMixin,
     OperatingMixin,
+    OnCallMixin,
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,

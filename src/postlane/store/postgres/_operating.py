@@ -78,11 +78,15 @@ WITH u AS (
 )
 SELECT id FROM u
 """
+# Rows locked in id order and skipped when another transaction holds them (a claim): a bulk
+# action never waits behind, nor deadlocks with, the send path.
 _CANCEL_MANY = """
 WITH u AS (
-    UPDATE postlane_deliveries
-    SET state = 'cancelled', finished_at = now(), updated_at = now()
-    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+    UPDATE postlane_deliveries SET state = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE id IN (SELECT id FROM postlane_deliveries
+                 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+                 ORDER BY id FOR UPDATE SKIP LOCKED)
+      AND state = 'pending'
     RETURNING id
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state, data)
@@ -90,6 +94,20 @@ WITH u AS (
            jsonb_build_object('reason', %(reason)s::text, 'by', %(by)s::text) FROM u
 )
 SELECT id FROM u
+"""
+_DISCARD_MANY = """
+WITH dl AS (
+    UPDATE postlane_dead_letters dl SET discarded_at = now(), discard_reason = %(reason)s
+    FROM postlane_deliveries d
+    WHERE dl.delivery_id = ANY(%(ids)s::bigint[]) AND d.id = dl.delivery_id
+      AND d.state IN ('dead', 'expired') AND dl.discarded_at IS NULL
+    RETURNING dl.delivery_id
+), ev AS (
+    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    SELECT delivery_id, 'discarded', NULL,
+           jsonb_build_object('by', %(by)s::text, 'reason', %(reason)s::text) FROM dl
+)
+SELECT delivery_id FROM dl
 """
 _PRUNE = """
 WITH gone AS (
@@ -233,13 +251,17 @@ class OperatingMixin(PostgresBase):
 
     async def count_deliveries(
         self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+        cap: int | None = None,
     ) -> tuple[int, int]:
         where, params = delivery_conditions(selection, lambda name: f"%({name})s",
                                             upto_id=upto_id)
+        rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
+        if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
+            rows += " LIMIT %(cap)s"
+            params["cap"] = cap + 1
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
-                f"WHERE {where}", params)
+                f"SELECT count(*), COALESCE(max(id), 0) FROM ({rows}) s", params)
             row = await cur.fetchone()
         assert row is not None
         return int(row[0]), int(row[1])
@@ -250,6 +272,15 @@ class OperatingMixin(PostgresBase):
         async with self._pool.connection() as conn:
             cur = await conn.execute(_CANCEL_MANY, {"ids": list(ids), "reason": reason,
                                                     "by": by})
+            return {row[0] for row in await cur.fetchall()}
+
+    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
+                                   by: str) -> set[int]:
+        if not ids:
+            return set()
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(_DISCARD_MANY, {"ids": list(ids), "reason": reason,
+                                                     "by": by})
             return {row[0] for row in await cur.fetchall()}
 
     async def stats(self) -> Stats:

@@ -12,6 +12,7 @@ from postlane.store.sqlite._base import NOW, SQLiteBase, connect, sqlite_errors
 from postlane.store.sqlite._callbacks import CallbacksMixin
 from postlane.store.sqlite._claims import ClaimsMixin
 from postlane.store.sqlite._http_api import HttpApiMixin
+from postlane.store.sqlite._on_call import OnCallMixin
 from postlane.store.sqlite._operating import OperatingMixin
 from postlane.store.sqlite._producing import (
     INSERT_ONE,
@@ -42,6 +43,7 @@ class SQLiteStore(
     ProducingMixin,
     ClaimsMixin,
     OperatingMixin,
+    OnCallMixin,
     ProviderEventsMixin,
     TemplatesMixin,
     HttpApiMixin,

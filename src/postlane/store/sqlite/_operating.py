@@ -205,14 +205,18 @@ class OperatingMixin(SQLiteBase):
 
     async def count_deliveries(
         self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
+        cap: int | None = None,
     ) -> tuple[int, int]:
         where, params = delivery_conditions(selection, lambda name: f":{name}",
                                             upto_id=upto_id)
+        rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
+        if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
+            rows += " LIMIT :cap"
+            params["cap"] = cap + 1
 
         def _count() -> tuple[int, int]:
             count, top = self.conn.execute(
-                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
-                f"WHERE {where}", params).fetchone()
+                f"SELECT count(*), COALESCE(max(id), 0) FROM ({rows})", params).fetchone()
             return int(count), int(top)
         return await self._run(_count)
 
@@ -232,6 +236,26 @@ class OperatingMixin(SQLiteBase):
                                                  for i in done])
             return set(done)
         return await self._run(_cancel_many)
+
+    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
+                                   by: str) -> set[int]:
+        def _discard() -> set[int]:
+            discarded = set()
+            data = json.dumps({"by": by, "reason": reason})
+            with self._write() as conn:
+                for delivery_id in sorted(set(ids)):
+                    row = conn.execute(
+                        f"""UPDATE postlane_dead_letters SET discarded_at = {NOW},
+                        discard_reason = ? WHERE delivery_id = ? AND discarded_at IS NULL
+                        AND EXISTS (SELECT 1 FROM postlane_deliveries d
+                                    WHERE d.id = delivery_id AND d.state IN ('dead', 'expired'))
+                        RETURNING delivery_id""", (reason, delivery_id),
+                    ).fetchone()
+                    if row is not None:
+                        conn.execute(_INSERT_EVENT, (delivery_id, "discarded", None, data))
+                        discarded.add(delivery_id)
+            return discarded
+        return await self._run(_discard) if ids else set()
 
     async def stats(self) -> Stats:
         def _stats() -> Stats:

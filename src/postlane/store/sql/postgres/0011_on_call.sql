@@ -1,0 +1,44 @@
+-- Postlane 0011: the on-call view (issue 15).
+-- Each running worker says it is alive: one row, rewritten every few seconds by its
+-- caretaker (times from the database clock, so hosts' clocks need not agree) and deleted on
+-- a clean stop. A row whose heartbeat is older than a few intervals is a worker that died.
+CREATE TABLE postlane_workers (
+    owner        TEXT PRIMARY KEY,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    version      TEXT NOT NULL,
+    provider     TEXT NOT NULL,
+    lanes        JSONB NOT NULL DEFAULT '{}',  -- lane -> share of the worker's send slots
+    in_flight    INTEGER NOT NULL DEFAULT 0,
+    interval_s   DOUBLE PRECISION NOT NULL,
+    started_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
+    heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+-- Outcomes per minute and lane (sent, throttled, transient, ambiguous, dead), added to by
+-- every worker with its heartbeat: the dashboard's last 24 hours outlive `serve`.
+CREATE TABLE postlane_outcome_minutes (
+    minute  BIGINT NOT NULL,  -- unix seconds at the start of the minute (database clock)
+    lane    TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    count   BIGINT NOT NULL,
+    PRIMARY KEY (minute, lane, outcome)
+);
+
+-- The messages browser pages newest first by id. The states the send path never passes
+-- through get one partial index, so filtering by one of them reads only its own rows at a
+-- million deliveries, and the hot path (pending -> sending -> sent) never writes to it.
+-- Pending rows have postlane_deliveries_ready, leased ones postlane_deliveries_leased;
+-- sent rows are dense enough for the primary key.
+CREATE INDEX postlane_deliveries_settled ON postlane_deliveries (state, id)
+    WHERE state IN ('ambiguous', 'dead', 'expired', 'cancelled', 'suppressed');
+
+-- An import's or a template's deliveries, newest first: the same indexes (same names, same
+-- partial condition) with the id added, so a page of an old import reads that import's rows
+-- instead of the whole table backwards from the newest id.
+DROP INDEX postlane_deliveries_import;
+CREATE INDEX postlane_deliveries_import ON postlane_deliveries (import_id, id)
+    WHERE import_id IS NOT NULL;
+DROP INDEX postlane_deliveries_template;
+CREATE INDEX postlane_deliveries_template ON postlane_deliveries (template_id, id)
+    WHERE template_id IS NOT NULL;
