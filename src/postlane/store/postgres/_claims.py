@@ -11,7 +11,14 @@ from typing import Any
 from postlane.core.message import Delivery
 from postlane.core.records import Claim, RescueResult, Transition, bound_response
 from postlane.core.states import State
-from postlane.store.postgres._base import _COLS, _D_COLS, _TERMINAL, PostgresBase, _deliveries
+from postlane.store.postgres._base import (
+    _CM_COLS,
+    _COLS,
+    _TERMINAL,
+    ROWS,
+    PostgresBase,
+    _deliveries,
+)
 
 _CLAIM = f"""
 WITH picked AS (
@@ -27,13 +34,14 @@ WITH picked AS (
         lease_expires_at = now() + make_interval(secs => %(lease_s)s::float8),
         claims = d.claims + 1, attempt_started_at = NULL, updated_at = now()
     FROM picked WHERE d.id = picked.id
-    RETURNING {_D_COLS}
+    RETURNING d.*
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state, data)
     SELECT id, 'claimed', 'sending', jsonb_build_object('owner', %(owner)s::text, 'claim', claims)
     FROM claimed
 )
-SELECT {_COLS} FROM claimed ORDER BY run_at, id
+-- The update rewrote only the narrow rows; the message is read, never written.
+SELECT {_CM_COLS} FROM claimed c JOIN postlane_messages m ON m.id = c.id ORDER BY c.run_at, c.id
 """
 _START = """
 -- No updated_at here: it is indexed (ambiguous rows), and leaving indexed columns alone
@@ -83,7 +91,11 @@ WITH t AS (
 ), dl AS (
     INSERT INTO postlane_dead_letters
         (delivery_id, reason, snapshot, last_response, attempt_history)
-    SELECT u.id, COALESCE(u.reason, u.state), u.snapshot, u.last_error,
+    -- The snapshot is the whole delivery: its new narrow row and its message.
+    SELECT u.id, COALESCE(u.reason, u.state),
+           u.snapshot || (SELECT to_jsonb(m.*) - 'id' FROM postlane_messages m
+                          WHERE m.id = u.id),
+           u.last_error,
            COALESCE((SELECT jsonb_agg(e.data || jsonb_build_object('at', e.at) ORDER BY e.id)
                      FROM postlane_events e
                      WHERE e.delivery_id = u.id AND e.data ? 'outcome'), '[]'::jsonb)
@@ -203,7 +215,7 @@ class ClaimsMixin(PostgresBase):
     ) -> list[Delivery]:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
+                f"SELECT {_COLS} FROM {ROWS} WHERE state = 'ambiguous' "
                 "AND (%s::text[] IS NULL OR lane = ANY(%s::text[])) "
                 "ORDER BY updated_at, id LIMIT %s",
                 (None if lanes is None else list(lanes), None if lanes is None else list(lanes),

@@ -23,8 +23,9 @@ class ProviderEventsMixin(PostgresBase):
     async def record_provider_event(self, event: ProviderEvent) -> ProviderEventResult:
         async with self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "SELECT id, lane, recipient FROM postlane_deliveries "
-                "WHERE provider_message_id = %s ORDER BY id DESC LIMIT 1",
+                "SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
+                "JOIN postlane_messages m ON m.id = d.id "
+                "WHERE d.provider_message_id = %s ORDER BY d.id DESC LIMIT 1",
                 (event.provider_message_id,),
             )
             found = await cur.fetchone()
@@ -115,7 +116,8 @@ class ProviderEventsMixin(PostgresBase):
                 """WITH u AS (
                     UPDATE postlane_deliveries SET state = 'pending', run_at = now(),
                         finished_at = NULL, updated_at = now()
-                    WHERE lower(recipient) = %(address)s AND state = 'suppressed'
+                    WHERE state = 'suppressed' AND id IN (
+                        SELECT id FROM postlane_messages WHERE lower(recipient) = %(address)s)
                     RETURNING id
                 ), ev AS (
                     INSERT INTO postlane_events (delivery_id, kind, state, data)

@@ -19,13 +19,14 @@ from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
-from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
 
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 _COLS = ", ".join(DELIVERY_COLUMNS)
+ROWS = DELIVERY_ROWS
 _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
@@ -163,6 +164,16 @@ class SQLiteBase(Store):
 
     async def migrate(self) -> list[str]:
         def _migrate() -> list[str]:
+            # Foreign keys off while migrating (it cannot change inside a transaction): a
+            # migration that rebuilds a table (0007) drops the old one, and with them on
+            # that would delete the rows referencing it (ON DELETE CASCADE). Checked after.
+            self.conn.execute("PRAGMA foreign_keys=OFF")
+            try:
+                return _apply()
+            finally:
+                self.conn.execute("PRAGMA foreign_keys=ON")
+
+        def _apply() -> list[str]:
             applied = []
             with self._write():
                 done = self._applied()
@@ -186,6 +197,10 @@ class SQLiteBase(Store):
                     if migration.version in self._applied():
                         continue
                     raise
+                broken = self.conn.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise StoreError(f"migration {migration.label} left rows whose foreign "
+                                     f"keys point nowhere: {broken[:5]}")
                 applied.append(migration.label)
             return applied
         return await self._run(_migrate)

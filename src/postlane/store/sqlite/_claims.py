@@ -14,6 +14,7 @@ from postlane.core.states import State
 from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.sqlite._base import (
     _COLS,
+    ROWS,
     _INSERT_EVENT,
     _TERMINAL,
     _TIME_COLUMNS,
@@ -89,19 +90,21 @@ class ClaimsMixin(SQLiteBase):
                           AND (import_id IS NULL OR import_id NOT IN
                                (SELECT value FROM json_each(:excluded)))
                         ORDER BY run_at, id LIMIT :limit)
-                    RETURNING {_COLS}
+                    RETURNING id, claims
                     """,
                     {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
                      "limit": limit, "excluded": excluded},
                 ).fetchall()
                 conn.executemany(_INSERT_EVENT, [
-                    (r[0], "claimed", "sending",
-                     json.dumps({"owner": owner, "claim": r[DELIVERY_COLUMNS.index("claims")]}))
-                    for r in rows
+                    (id_, "claimed", "sending", json.dumps({"owner": owner, "claim": claims}))
+                    for id_, claims in rows
                 ])
-            deliveries = [_read(self.conn, r) for r in rows]
-            deliveries.sort(key=lambda d: (d.run_at, d.id))
-            return deliveries
+                # The update rewrote only the narrow rows; the messages are read here.
+                rows = conn.execute(
+                    f"SELECT {_COLS} FROM {ROWS} WHERE id IN "
+                    "(SELECT value FROM json_each(?)) ORDER BY run_at, id",
+                    (json.dumps([r[0] for r in rows]),)).fetchall()
+            return [_read(self.conn, r) for r in rows]
         return await self._run(self._tolerating_bad_text, _claim)
 
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
@@ -145,7 +148,7 @@ class ClaimsMixin(SQLiteBase):
     ) -> list[Delivery]:
         def _list() -> list[Delivery]:
             rows = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
+                f"SELECT {_COLS} FROM {ROWS} WHERE state = 'ambiguous' "
                 "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
                 "ORDER BY updated_at, id LIMIT :limit",
                 {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit},
@@ -172,7 +175,7 @@ class ClaimsMixin(SQLiteBase):
             for t in done:
                 if t.state in (State.DEAD, State.EXPIRED):
                     row = conn.execute(
-                        f"SELECT {_COLS} FROM postlane_deliveries WHERE id = ?", (t.id,)
+                        f"SELECT {_COLS} FROM {ROWS} WHERE id = ?", (t.id,)
                     ).fetchone()
                     self._write_dead_letter(conn, row, t.dead_reason or str(t.state))
         return applied

@@ -15,6 +15,7 @@ from postlane.core.states import State
 from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, find_conditions
 from postlane.store.sqlite._base import (
     _COLS,
+    ROWS,
     _INSERT_EVENT,
     NOW,
     SQLiteBase,
@@ -74,7 +75,7 @@ class OperatingMixin(SQLiteBase):
 
         def _get() -> Delivery | None:
             row = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = ?", (id_or_key,)
+                f"SELECT {_COLS} FROM {ROWS} WHERE {column} = ?", (id_or_key,)
             ).fetchone()
             return _read(self.conn, row) if row else None
         return await self._run(self._tolerating_bad_text, _get)
@@ -104,7 +105,7 @@ class OperatingMixin(SQLiteBase):
                       limit: int) -> list[DeadLetter]:
         rows = self.conn.execute(
             f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
-            f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+            f"JOIN {ROWS} d ON d.id = dl.delivery_id WHERE {where} "
             f"ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit", {**params, "limit": limit},
         ).fetchall()
         return [
@@ -167,7 +168,7 @@ class OperatingMixin(SQLiteBase):
 
         def _find() -> list[Delivery]:
             rows = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
             ).fetchall()
             return [_read(self.conn, r) for r in rows]
@@ -228,9 +229,11 @@ class OperatingMixin(SQLiteBase):
                         (finished_before.total_seconds(), dead_before.total_seconds()),
                     )]
                     batch = json.dumps(ids)
-                    # The timeline has no foreign key (checked on every event insert);
-                    # a delivery and its events go together here.
+                    # The timeline and the messages have no foreign key (checked on
+                    # every insert); a delivery, its message and its events go together.
                     conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                    conn.execute("DELETE FROM postlane_messages WHERE id IN "
                                  "(SELECT value FROM json_each(?))", (batch,))
                     conn.execute("DELETE FROM postlane_deliveries WHERE id IN "
                                  "(SELECT value FROM json_each(?))", (batch,))

@@ -22,8 +22,9 @@ class ProviderEventsMixin(SQLiteBase):
         def _record() -> ProviderEventResult:
             with self._write() as conn:
                 found = conn.execute(
-                    "SELECT id, lane, recipient FROM postlane_deliveries "
-                    "WHERE provider_message_id = ? ORDER BY id DESC LIMIT 1",
+                    "SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
+                    "JOIN postlane_messages m ON m.id = d.id "
+                    "WHERE d.provider_message_id = ? ORDER BY d.id DESC LIMIT 1",
                     (event.provider_message_id,),
                 ).fetchone()
                 delivery_id = found[0] if found else None
@@ -121,7 +122,8 @@ class ProviderEventsMixin(SQLiteBase):
                 ids = [r[0] for r in conn.execute(
                     f"UPDATE postlane_deliveries SET state = 'pending', run_at = {NOW}, "
                     f"finished_at = NULL, updated_at = {NOW} "
-                    f"WHERE lower(recipient) = ? AND state = 'suppressed' RETURNING id",
+                    f"WHERE state = 'suppressed' AND id IN (SELECT id FROM postlane_messages "
+                    f"WHERE lower(recipient) = ?) RETURNING id",
                     (address.lower(),),
                 ).fetchall()]
                 conn.executemany(_INSERT_EVENT, [(i, "unsuppressed", "pending", "{}")
