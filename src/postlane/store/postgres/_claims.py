@@ -62,10 +62,12 @@ RETURNING d.id
 """
 _SET_STATE_TEMPLATE = f"""
 WITH t AS (
-    -- One JSON document for the whole batch: json.dumps is far cheaper than ten arrays.
-    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS t(
-        id bigint, claims int, state text, delay_s float8, spend int, error text,
-        pmid text, reason text, event text, detail jsonb)
+    -- One JSON document for the whole batch: json.dumps is far cheaper than ten arrays, and
+    -- a row as an array (fields by position, as _batch writes them) cheaper than an object.
+    SELECT (e->>0)::bigint AS id, (e->>1)::int AS claims, e->>2 AS state,
+           (e->>3)::float8 AS delay_s, (e->>4)::int AS spend, e->>5 AS error, e->>6 AS pmid,
+           e->>7 AS reason, e->>8 AS event, e->9 AS detail
+    FROM jsonb_array_elements(%(batch)s::jsonb) AS b(e)
 ), u AS (
     UPDATE postlane_deliveries d SET
         state = t.state,
@@ -199,13 +201,12 @@ class ClaimsMixin(PostgresBase):
         if not transitions:
             return set()
         batch = [
-            {"id": t.id, "claims": t.claims, "state": str(t.state), "delay_s": t.delay_s,
-             "spend": 1 if t.spend_attempt else 0, "error": bound_response(t.error),
-             "pmid": t.provider_message_id, "reason": t.dead_reason, "event": t.event,
-             "detail": dict(t.detail)}
+            [t.id, t.claims, t.state.value, t.delay_s, 1 if t.spend_attempt else 0,
+             bound_response(t.error), t.provider_message_id, t.dead_reason, t.event, t.detail]
             for t in transitions
         ]
-        params = {"owner": owner, "batch": json.dumps(batch)}
+        # default=dict: a detail that is a Mapping but not a dict.
+        params = {"owner": owner, "batch": json.dumps(batch, default=dict)}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql, params)
             return {row[0] for row in await cur.fetchall()}
