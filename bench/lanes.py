@@ -92,11 +92,13 @@ def one_run(work: Path, label: str, lanes: str, interactive_lane: str, bulk: int
         finally:
             proc.stop()
         latencies = [r[0] for r in h.query(
-            db, "SELECT extract(epoch FROM sent_at - created_at)::float8 FROM postlane_delivery_rows"
-                " WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NOT NULL")]
+            db, "SELECT extract(epoch FROM sent_at - created_at)::float8 "
+                "FROM postlane_delivery_rows "
+                "WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NOT NULL")]
         unsent = [r[0] for r in h.query(
-            db, "SELECT extract(epoch FROM now() - created_at)::float8 FROM postlane_delivery_rows"
-                " WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NULL")]
+            db, "SELECT extract(epoch FROM now() - created_at)::float8 "
+                "FROM postlane_delivery_rows "
+                "WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NULL")]
         (sent_bulk, span), = h.query(
             db, "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8 "
                 "FROM postlane_delivery_rows WHERE idempotency_key LIKE 'burst:%%' "

@@ -14,11 +14,11 @@ from postlane.core.states import State
 from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.sqlite._base import (
     _COLS,
-    ROWS,
     _INSERT_EVENT,
     _TERMINAL,
     _TIME_COLUMNS,
     NOW,
+    ROWS,
     SQLiteBase,
     _iso,
     _read,

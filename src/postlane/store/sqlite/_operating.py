@@ -15,9 +15,9 @@ from postlane.core.states import State
 from postlane.store.base import DEAD_LETTER_COLUMNS, dead_letter_conditions, find_conditions
 from postlane.store.sqlite._base import (
     _COLS,
-    ROWS,
     _INSERT_EVENT,
     NOW,
+    ROWS,
     SQLiteBase,
     _dt,
     _opt_dt,
