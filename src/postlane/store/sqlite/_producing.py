@@ -112,26 +112,27 @@ ORDER BY key  -- ids in input order
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id, idempotency_key
 """
-# The created messages' deliveries: [id, index of the message in the batch] pairs.
+# The created messages' deliveries, one JSON array of [id, lane, channel, import_id,
+# delay_s, expires_at, expires_in_s] (from _delivery_row).
 _INSERT_MANY_DELIVERIES = f"""
 INSERT INTO postlane_deliveries ({_DELIVERY_COLS})
-SELECT json_extract(c.value, '$[0]'), json_extract(b.value, '$[10]'),
-       json_extract(b.value, '$[11]'), json_extract(b.value, '$[12]'),
-       {NOW} + json_extract(b.value, '$[13]'),
-       COALESCE(json_extract(b.value, '$[14]'), {NOW} + json_extract(b.value, '$[15]')),
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(4))},
+       {NOW} + json_extract(value, '$[4]'),
+       COALESCE(json_extract(value, '$[5]'), {NOW} + json_extract(value, '$[6]')),
        {NOW}, {NOW}
-FROM json_each(:created) c JOIN json_each(:batch) b ON b.key = json_extract(c.value, '$[1]')
+FROM json_each(:rows)
 """
 
 
+def _delivery_row(id_: int, m: Message) -> tuple[Any, ...]:
+    return (id_, m.lane, m.channel, m.import_id, m.delay.total_seconds() if m.delay else 0.0,
+            m.expires_at.timestamp() if m.expires_at else None,
+            m.expires_in.total_seconds() if m.expires_in else None)
+
+
 def _batch_row(m: Message) -> tuple[Any, ...]:
-    return (
-        m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
-        json_text(m.metadata), m.template_id, m.template_version,
-        m.lane, m.channel, m.import_id, m.delay.total_seconds() if m.delay else 0.0,
-        m.expires_at.timestamp() if m.expires_at else None,
-        m.expires_in.total_seconds() if m.expires_in else None,
-    )
+    return (m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
+            json_text(m.metadata), m.template_id, m.template_version)
 
 
 @migrated()
@@ -143,14 +144,12 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
     if not messages:
         return []
     first = first_by_key(messages)
-    batch = json.dumps([_batch_row(m) for m in messages])
     created = dict((key, id_) for id_, key in conn.execute(
-        _INSERT_MANY, {"batch": batch, "producer": producer}))
+        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages]),
+                       "producer": producer}))
     if created:
-        index = {m.key: i for i, m in reversed(list(enumerate(messages)))}  # first by key
-        conn.execute(_INSERT_MANY_DELIVERIES, {
-            "batch": batch,
-            "created": json.dumps([[id_, index[key]] for key, id_ in created.items()])})
+        conn.execute(_INSERT_MANY_DELIVERIES, {"rows": json.dumps(
+            [_delivery_row(id_, first[key]) for key, id_ in created.items()])})
     # Through a cursor: SQLAlchemy's adapted aiosqlite connection has no executemany.
     conn.cursor().executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
                                      for id_ in created.values()])
