@@ -25,11 +25,12 @@ from postlane.store.base import (
     dead_letter_conditions,
     dead_letter_counts,
     delivery_conditions,
+    delivery_source,
 )
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
-from postlane.store.postgres._base import _COLS, PostgresBase, _deliveries
+from postlane.store.postgres._base import _COLS, ROWS, PostgresBase, _deliveries
 
 _REPLAY = """
 WITH dl AS (
@@ -107,6 +108,10 @@ WITH gone AS (
     INSERT INTO postlane_pruned AS p (lane, deliveries)
     SELECT lane, count(*) FROM gone GROUP BY lane
     ON CONFLICT (lane) DO UPDATE SET deliveries = p.deliveries + excluded.deliveries
+), messages AS (
+    -- No foreign key either (it would be checked on every enqueue): a delivery's message
+    -- goes with it here.
+    DELETE FROM postlane_messages WHERE id IN (SELECT id FROM gone)
 ), timeline AS (
     -- The timeline has no foreign key (it would be checked on every event insert, the hot
     -- path); deliveries and their events go together here instead.
@@ -159,7 +164,7 @@ class OperatingMixin(PostgresBase):
         column = "id" if isinstance(id_or_key, int) else "idempotency_key"
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = %s", (id_or_key,)
+                f"SELECT {_COLS} FROM {ROWS} WHERE {column} = %s", (id_or_key,)
             )
             found = await _deliveries(cur)
         return found[0] if found else None
@@ -188,7 +193,7 @@ class OperatingMixin(PostgresBase):
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
-                f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+                f"JOIN {ROWS} d ON d.id = dl.delivery_id WHERE {where} "
                 f"ORDER BY dl.dead_at, dl.delivery_id LIMIT %(limit)s",
                 {**params, "limit": limit},
             )
@@ -213,7 +218,7 @@ class OperatingMixin(PostgresBase):
         conditions, params = _find_conditions(key, recipient, import_id, "%({})s")
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
             return await _deliveries(cur)
@@ -226,7 +231,7 @@ class OperatingMixin(PostgresBase):
                                             before=before, upto_id=upto_id)
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {where} "
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
             return await _deliveries(cur)
@@ -238,7 +243,7 @@ class OperatingMixin(PostgresBase):
                                             upto_id=upto_id)
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT count(*), COALESCE(max(id), 0) FROM postlane_deliveries "
+                f"SELECT count(*), COALESCE(max(id), 0) FROM {delivery_source(selection)} "
                 f"WHERE {where}", params)
             row = await cur.fetchone()
         assert row is not None

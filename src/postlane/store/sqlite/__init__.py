@@ -14,6 +14,7 @@ from postlane.store.sqlite._claims import ClaimsMixin
 from postlane.store.sqlite._http_api import HttpApiMixin
 from postlane.store.sqlite._operating import OperatingMixin
 from postlane.store.sqlite._producing import (
+    INSERT_DELIVERY,
     INSERT_ONE,
     ProducingMixin,
     insert_many,
@@ -26,6 +27,7 @@ from postlane.store.sqlite._second_channel import SecondChannelMixin
 from postlane.store.sqlite._templates import TemplatesMixin
 
 __all__ = [
+    "INSERT_DELIVERY",
     "INSERT_ONE",
     "NOW",
     "SQLiteBase",
