@@ -178,6 +178,12 @@ class Old:
                      f"('lane_pause:bulk', '{{}}', {self.when(-1.0)})")
         return ids
 
+    def columns(self, conn: Any, table: str) -> str:
+        """The table's columns now: later migrations (0009, 0012) add some, which the
+        comparison across the upgrade leaves out."""
+        cur = conn.execute(f"SELECT * FROM {table} LIMIT 0")
+        return ", ".join(d[0] for d in cur.description)
+
     def dump(self, conn: Any, table: str, columns: str = "*") -> list[tuple[Any, ...]]:
         order = "id" if table in ("postlane_deliveries", "postlane_delivery_rows",
                                   "postlane_events", "postlane_api_keys") else "1, 2"
@@ -224,7 +230,8 @@ def test_upgrade_keeps_every_row_and_drains(old_url: str,
     ids = old.fill()
     with old.connect() as conn:
         before = old.dump(conn, "postlane_deliveries", DELIVERY_COLUMNS)
-        tables = {t: old.dump(conn, t) for t in TABLES}
+        columns = {t: old.columns(conn, t) for t in TABLES}
+        tables = {t: old.dump(conn, t, columns[t]) for t in TABLES}
     assert len(before) == len(ROWS)
     if old.sqlite:  # a copy of the 0006 file, for a failure to be looked at
         shutil.copy(old_url[len("sqlite:///"):], old_url[len("sqlite:///"):] + ".0006")
@@ -234,7 +241,7 @@ def test_upgrade_keeps_every_row_and_drains(old_url: str,
     with old.connect() as conn:
         assert old.dump(conn, "postlane_delivery_rows", DELIVERY_COLUMNS) == before
         for table, rows in tables.items():
-            assert old.dump(conn, table) == rows, table
+            assert old.dump(conn, table, columns[table]) == rows, table
         assert len(old.dump(conn, "postlane_messages")) == len(ROWS)
 
     async def after() -> None:
