@@ -94,7 +94,7 @@ def migrate(ctx: typer.Context) -> None:
 
     applied = run_with_store(ctx, _migrate, migrated=False)
     if applied:
-        console.print(f"applied: {', '.join(applied)}")
+        console.print(f"applied: {', '.join(applied)}", soft_wrap=True)  # one line
     else:
         console.print("schema is up to date")
 

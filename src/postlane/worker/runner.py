@@ -239,7 +239,7 @@ class Worker:
                  self.floors, self.config.concurrency,
                  " then ".join(route.provider.name for route in self.routes))
         bulk = [lane.name for lane in self.config.lanes if lane.bulk]
-        if bulk and self.config.unsubscribe is None:
+        if bulk and self.config.unsubscribe is None and self.provider.channel == EMAIL:
             log.warning("bulk lane(s) %s send without List-Unsubscribe: set %s and "
                         "--unsubscribe-url (docs/deliverability.md)", ", ".join(bulk),
                         SECRET_ENV)
