@@ -23,9 +23,11 @@ The plain-SQL baseline does the same work on a bare table with the same columns,
 primary key and the one partial index the claim needs (no unique key, no other indexes,
 no timeline events, no NOTIFY trigger): ``INSERT`` per commit; ``COPY`` in the same
 batches; ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n) RETURNING id``
-then ``UPDATE ... SET state = 'sent' WHERE id = ANY(...)``. On PostgreSQL the loop is also run
-on a copy of the store's table with all its indexes and constraints (still no events), to
-split the gap between what the schema costs and what the store's statements cost.
+then ``UPDATE ... SET state = 'sent' WHERE id = ANY(...)``. The bare table is the one wide
+row a delivery was before migration 0007 split it (``PG_WIDE``), so figures from before and
+after the split compare. On PostgreSQL the loop is also run on that wide table with all the
+indexes and constraints it had (still no events), to split the gap between what the old
+schema costs and what the store's statements cost.
 
 Every drain starts from a freshly filled, ``VACUUM ANALYZE``d table after a ``CHECKPOINT``
 (SQLite: ``ANALYZE`` and a WAL checkpoint), so the runs are comparable. The figures go to
