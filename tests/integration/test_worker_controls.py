@@ -172,8 +172,8 @@ async def test_reconcile_with_lookup_marks_sent_or_requeues(store: Store, side: 
     d = await store.get(lost.id)
     assert d is not None and (d.state, d.attempts) == (State.PENDING, 1)
     reconciled = [e.data for e in await store.timeline(lost.id) if e.kind == "reconciled"]
-    # The detail names the provider asked (failover: the route of the latest attempt).
-    assert reconciled == [{"resolution": "the provider does not have it", "provider": "recording"}]
+    assert reconciled == [{"resolution": "the provider does not have it",
+                           "provider": "recording"}]  # the provider asked
     assert provider.requests == []  # looked up, nothing sent
     # The requeued one is sent by a running worker, once, with its key.
     async with running(worker):
