@@ -90,19 +90,12 @@ def parse_lane_shares(text: str, base: Sequence[LaneConfig] = DEFAULT_LANES) -> 
 def parse_lane_durations(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str, float]:
     """``interactive=3s,bulk=20s`` -> seconds per lane; one bare duration (``10s``) sets every
     lane. ``what`` names the option in errors."""
-    names = [lane.name for lane in lanes]
     if "=" not in text:
-        return dict.fromkeys(names, _positive_seconds(text, what))
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        name, sep, value = part.strip().partition("=")
-        name = name.strip()
-        if not sep or name not in names:
-            raise ConfigurationError(f"{what} {part.strip()!r} does not name a configured lane "
-                                     f"({', '.join(names)}); write it as "
-                                     f"{names[0]}=3s or as one duration for every lane")
-        values[name] = _positive_seconds(value, f"{what} {part.strip()!r}")
-    return values
+        return {name: _positive_seconds(value, what)
+                for name, value in per_lane_text(text, lanes, what).items()}
+    hint = f"write it as {lanes[0].name}=3s or as one duration for every lane"
+    return {name: _positive_seconds(value, f"{what} {name + '=' + value!r}")
+            for name, value in per_lane_text(text, lanes, what, hint=hint).items()}
 
 
 def with_lane_timings(
@@ -137,8 +130,12 @@ def with_bulk_lanes(lanes: Sequence[LaneConfig], names: str) -> tuple[LaneConfig
         raise ConfigurationError(f"--bulk-lanes names {unknown[0]!r}, which is not a "
                                  f"configured lane ({', '.join(sorted(known))})")
     return tuple(replace(lane, bulk=lane.name in wanted) for lane in lanes)
-def per_lane_text(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str, str]:
-    """``interactive=X,bulk=Y`` -> ``{lane: text}``; one bare value sets every lane."""
+
+
+def per_lane_text(text: str, lanes: Sequence[LaneConfig], what: str, *,
+                  hint: str | None = None) -> dict[str, str]:
+    """``interactive=X,bulk=Y`` -> ``{lane: text}``; one bare value sets every lane. The one
+    parser of per-lane options; ``hint`` ends the error for a part that names no lane."""
     names = [lane.name for lane in lanes]
     if "=" not in text:
         return dict.fromkeys(names, text.strip())
@@ -147,7 +144,7 @@ def per_lane_text(text: str, lanes: Sequence[LaneConfig], what: str) -> dict[str
         name, sep, value = part.strip().partition("=")
         if not sep or name.strip() not in names:
             raise ConfigurationError(f"{what} {part.strip()!r} does not name a configured lane "
-                                     f"({', '.join(names)})")
+                                     f"({', '.join(names)})" + (f"; {hint}" if hint else ""))
         values[name.strip()] = value.strip()
     return values
 
