@@ -86,10 +86,12 @@ async def replay_selection(
         (expired if not_useful_because(entry, now, valid_for) else useful).append(
             entry.delivery_id
         )
+    # Ids in ascending order either way, so a dry run lists exactly what the real run
+    # would report (dead letters list newest first, and two may share a dead time).
     if dry_run:
-        return ReplayPlan(useful, expired, canary, dry_run=True)
+        return ReplayPlan(sorted(useful), sorted(expired), canary, dry_run=True)
     replayed = await store.replay_dead_letters(useful, by) if useful else set()
-    return ReplayPlan(sorted(replayed), expired, canary)
+    return ReplayPlan(sorted(replayed), sorted(expired), canary)
 
 
 async def _sent_canary(store: OperatorStore, selection: DeadLetterFilter) -> int:
