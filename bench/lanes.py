@@ -87,7 +87,7 @@ def one_run(work: Path, label: str, lanes: str, interactive_lane: str, bulk: int
                         raise RuntimeError("the worker died\n" + proc.log_tail())
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
-                (left,), = h.query(db, "SELECT count(*) FROM postlane_deliveries WHERE "
+                (left,), = h.query(db, "SELECT count(*) FROM postlane_delivery_rows WHERE "
                                        "idempotency_key LIKE 'interactive:%%' AND sent_at IS NULL")
                 if left == 0:
                     break
@@ -96,23 +96,25 @@ def one_run(work: Path, label: str, lanes: str, interactive_lane: str, bulk: int
         finally:
             proc.stop()
         latencies = [r[0] for r in h.query(
-            db, "SELECT extract(epoch FROM sent_at - created_at)::float8 FROM postlane_deliveries"
-                " WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NOT NULL")]
+            db, "SELECT extract(epoch FROM sent_at - created_at)::float8 "
+                "FROM postlane_delivery_rows "
+                "WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NOT NULL")]
         unsent = [r[0] for r in h.query(
-            db, "SELECT extract(epoch FROM now() - created_at)::float8 FROM postlane_deliveries"
-                " WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NULL")]
+            db, "SELECT extract(epoch FROM now() - created_at)::float8 "
+                "FROM postlane_delivery_rows "
+                "WHERE idempotency_key LIKE 'interactive:%%' AND sent_at IS NULL")]
         (sent_bulk, span), = h.query(
             db, "SELECT count(*), extract(epoch FROM max(sent_at) - min(sent_at))::float8 "
-                "FROM postlane_deliveries WHERE idempotency_key LIKE 'burst:%%' "
+                "FROM postlane_delivery_rows WHERE idempotency_key LIKE 'burst:%%' "
                 "AND sent_at IS NOT NULL")
         bulk_rate = (sent_bulk - 1) / span if span else 0.0
         # Queue position of each unsent message: bulk rows ahead of it (claimed oldest first)
         # that were not yet sent when it was enqueued.
         ahead = [r[0] for r in h.query(
-            db, "SELECT (SELECT count(*) FROM postlane_deliveries b WHERE b.lane = i.lane "
+            db, "SELECT (SELECT count(*) FROM postlane_delivery_rows b WHERE b.lane = i.lane "
                 "AND b.idempotency_key LIKE 'burst:%%' AND (b.run_at, b.id) < (i.run_at, i.id) "
                 "AND (b.sent_at IS NULL OR b.sent_at > i.created_at)) "
-                "FROM postlane_deliveries i WHERE i.idempotency_key LIKE 'interactive:%%' "
+                "FROM postlane_delivery_rows i WHERE i.idempotency_key LIKE 'interactive:%%' "
                 "AND i.sent_at IS NULL")]
         projected = [a / bulk_rate for a in ahead] if bulk_rate else []
     return LaneRun(label, lanes, bulk, interactive, latencies, unsent, projected, bulk_rate,

@@ -51,16 +51,21 @@ def load(db: str, pending: int) -> float:
     asyncio.run(_seed(db, seed))
     if pending > seed:
         with psycopg.connect(db, autocommit=True) as conn:
+            # The message and its narrow delivery row share an id (migration 0007).
             conn.execute(
-                "INSERT INTO postlane_deliveries (idempotency_key, lane, channel, recipient, "
-                "sender, subject, text_body, html_body, headers, metadata, run_at, expires_at) "
-                "SELECT 'mem:' || g, t.lane, t.channel, 'user' || g || '@example.com', t.sender, "
-                "t.subject, t.text_body, t.html_body, t.headers, "
-                "jsonb_build_object('user', g), t.run_at, t.expires_at "
+                "WITH m AS (INSERT INTO postlane_messages (id, idempotency_key, recipient, "
+                "sender, subject, text_body, html_body, headers, metadata) "
+                "SELECT nextval('postlane_deliveries_id_seq'), 'mem:' || g, "
+                "'user' || g || '@example.com', t.sender, t.subject, t.text_body, t.html_body, "
+                "t.headers, jsonb_build_object('user', g) "
                 "FROM generate_series(%s::bigint, %s::bigint) AS g, "
-                "(SELECT * FROM postlane_deliveries ORDER BY id LIMIT 1) AS t",
+                "(SELECT * FROM postlane_delivery_rows ORDER BY id LIMIT 1) AS t RETURNING id) "
+                "INSERT INTO postlane_deliveries (id, lane, channel, run_at, expires_at) "
+                "OVERRIDING SYSTEM VALUE SELECT m.id, t.lane, t.channel, t.run_at, t.expires_at "
+                "FROM m, (SELECT * FROM postlane_deliveries ORDER BY id LIMIT 1) AS t",
                 (seed, pending - 1))
             conn.execute("VACUUM ANALYZE postlane_deliveries")
+            conn.execute("VACUUM ANALYZE postlane_messages")
     return time.perf_counter() - started
 
 

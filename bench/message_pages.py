@@ -22,16 +22,21 @@ from bench._common import fresh_pg_database, postlane_commit, write_section
 from postlane.core.records import DeliveryFilter
 from postlane.store import open_store
 
+# The narrow rows and their messages (0007), one id each: the ids are the series.
 _FILL = """
-INSERT INTO postlane_deliveries (idempotency_key, lane, recipient, subject, text_body, state,
-                                 attempts, import_id, template_id, finished_at)
-SELECT 'k:' || i, CASE WHEN i %% 5 = 0 THEN 'interactive' ELSE 'bulk' END,
-       'u' || (i %% 50000) || '@example.com', 's', 't',
-       CASE WHEN i %% 1000 = 0 THEN 'dead' WHEN i %% 200 = 0 THEN 'cancelled'
-            WHEN i %% 100 = 0 THEN 'pending' ELSE 'sent' END,
-       CASE WHEN i %% 1000 = 0 THEN 5 WHEN i %% 300 = 0 THEN 2 ELSE 1 END,
-       'import-' || (i %% 20), 'tpl-' || (i %% 10),
-       CASE WHEN i %% 100 = 0 AND i %% 200 <> 0 THEN NULL ELSE now() END
+WITH d AS (
+    INSERT INTO postlane_deliveries (id, lane, state, attempts, import_id, finished_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT i, CASE WHEN i %% 5 = 0 THEN 'interactive' ELSE 'bulk' END,
+           CASE WHEN i %% 1000 = 0 THEN 'dead' WHEN i %% 200 = 0 THEN 'cancelled'
+                WHEN i %% 100 = 0 THEN 'pending' ELSE 'sent' END,
+           CASE WHEN i %% 1000 = 0 THEN 5 WHEN i %% 300 = 0 THEN 2 ELSE 1 END,
+           'import-' || (i %% 20),
+           CASE WHEN i %% 100 = 0 AND i %% 200 <> 0 THEN NULL ELSE now() END
+    FROM generate_series(1, %(rows)s) AS i
+)
+INSERT INTO postlane_messages (id, idempotency_key, recipient, subject, text_body, template_id)
+SELECT i, 'k:' || i, 'u' || (i %% 50000) || '@example.com', 's', 't', 'tpl-' || (i %% 10)
 FROM generate_series(1, %(rows)s) AS i
 """
 
@@ -60,7 +65,9 @@ async def measure(url: str, rows: int) -> list[tuple[str, float, float]]:
         await store.migrate()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(_FILL, {"rows": rows})
+        conn.execute("SELECT setval('postlane_deliveries_id_seq', %(rows)s)", {"rows": rows})
         conn.execute("VACUUM ANALYZE postlane_deliveries")
+        conn.execute("VACUUM ANALYZE postlane_messages")
     found = []
     async with open_store(url) as store:
         deep_cursor = rows // 20  # a page near the end: past 95 % of the rows, newest first

@@ -533,10 +533,10 @@ class Harness:
     def audit(self) -> Audit:
         a = self.report.audit
         rows = h.query(self.db, "SELECT idempotency_key, state, recipient, dead_reason "
-                                "FROM postlane_deliveries")
+                                "FROM postlane_delivery_rows")
         dl_ids = {r[0] for r in h.query(
             self.db, "SELECT d.idempotency_key FROM postlane_dead_letters l "
-                     "JOIN postlane_deliveries d ON d.id = l.delivery_id")}
+                     "JOIN postlane_delivery_rows d ON d.id = l.delivery_id")}
         journal = read_journal(str(self.journal))
         fallback = read_journal(str(self.fallback_journal)) if self.config.failover else []
         if self.config.failover:

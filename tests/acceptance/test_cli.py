@@ -66,7 +66,7 @@ def test_cli_end_to_end_on_sqlite(sqlite_url: str, launcher: Launcher) -> None:
         assert no_domain.returncode != 0
         assert "to: address has no local part and domain" in no_domain.stderr
         assert (side.count("postlane_deliveries"), side.count("postlane_events")) == before
-        assert side.count("postlane_deliveries", "idempotency_key LIKE 'reset:token-_'") == 1
+        assert side.count("postlane_delivery_rows", "idempotency_key LIKE 'reset:token-_'") == 1
 
     # status --json: the documented keys.
     status = json.loads(launcher.cli_ok(db, "status", "--json"))

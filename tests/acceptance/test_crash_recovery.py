@@ -56,7 +56,7 @@ def test_kill_9_after_accept_before_ack(
     record = tmp_path / "sends.db"
 
     with SideDB(db) as side:
-        ids = dict(side.query("SELECT idempotency_key, id FROM postlane_deliveries"))
+        ids = dict(side.query("SELECT idempotency_key, id FROM postlane_delivery_rows"))
         hung_id = ids[hung]
 
         first = launcher.worker(

@@ -91,13 +91,13 @@ async def test_kill_9_half_way_then_rerun_creates_each_delivery_exactly_once(
         assert report["rows_created"] == ROWS - partial
 
         assert created() == ROWS
-        assert side.scalar("SELECT count(DISTINCT recipient) FROM postlane_deliveries") == ROWS
-        assert side.count("postlane_deliveries",
+        assert side.scalar("SELECT count(DISTINCT recipient) FROM postlane_delivery_rows") == ROWS
+        assert side.count("postlane_delivery_rows",
                           "import_id = ? AND lane = 'bulk' AND template_id = 'welcome'",
                           (IMPORT,)) == ROWS
-        assert side.scalar("SELECT max(n) FROM (SELECT count(*) AS n FROM postlane_deliveries "
+        assert side.scalar("SELECT max(n) FROM (SELECT count(*) AS n FROM postlane_delivery_rows "
                            "GROUP BY recipient) AS per_user") == 1
-        row = side.query("SELECT subject, text_body FROM postlane_deliveries "
+        row = side.query("SELECT subject, text_body FROM postlane_delivery_rows "
                          "WHERE idempotency_key = ?", (f"welcome:u123:{IMPORT}",))
         assert row == [("Welcome, User 123", "Hello User 123, your id is u123.")]
 

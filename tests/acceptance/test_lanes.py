@@ -83,7 +83,7 @@ def test_interactive_is_not_stuck_behind_bulk(
         assert leased == 0
         timing = {key: (created, sent) for key, created, sent in side.query(
             "SELECT idempotency_key, EXTRACT(EPOCH FROM created_at)::float8, "
-            "EXTRACT(EPOCH FROM sent_at)::float8 FROM postlane_deliveries "
+            "EXTRACT(EPOCH FROM sent_at)::float8 FROM postlane_delivery_rows "
             "WHERE lane = 'interactive'")}
 
     stats = read_record_file(str(record))

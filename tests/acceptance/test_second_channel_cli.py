@@ -50,7 +50,7 @@ async def test_an_sms_worker_from_the_command_line_sends_the_fallback_of_a_refus
     with SideDB(db) as side:
         def settled() -> bool:
             states = dict(side.query(
-                "SELECT idempotency_key, state FROM postlane_deliveries"))
+                "SELECT idempotency_key, state FROM postlane_delivery_rows"))
             return (states.get("reset:1") == "dead" and states.get("reset:2") == "sent"
                     and "sms-fallback:reset:1" in states)
         wait_until(settled, 30, "the email worker's outcomes and the fallback", watch=[email])

@@ -56,7 +56,7 @@ async def app_db(fresh_pg_url: str) -> str:
 async def welcomed(url: str) -> list[tuple[str, str]]:
     """(key, recipient) of every delivery, and check each has its user."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT idempotency_key, recipient FROM postlane_deliveries "
+        rows = conn.execute("SELECT idempotency_key, recipient FROM postlane_delivery_rows "
                             "ORDER BY id").fetchall()
         users = conn.execute("SELECT id, email FROM users ORDER BY id").fetchall()
     assert [(f"welcome:{i}", e) for i, e in users] == rows

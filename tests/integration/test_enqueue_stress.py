@@ -55,7 +55,7 @@ async def _enqueuer(url: str, seed: int, out: str) -> None:
 
 
 def _rows(url: str) -> tuple[dict[str, int], Counter[int]]:
-    query_rows = "SELECT idempotency_key, id FROM postlane_deliveries"
+    query_rows = "SELECT idempotency_key, id FROM postlane_delivery_rows"
     query_events = "SELECT delivery_id FROM postlane_events WHERE kind = 'enqueued'"
     if url.startswith("sqlite:///"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))

@@ -121,7 +121,7 @@ async def test_lenient_mode_skips_bad_rows_and_reports_their_lines(
         (3, "email"), (6, "user_id is empty"), (8, "has 3 fields, the header has 4"),
         (9, "subject contains a line break (CR, LF, VT, FF, FS, GS, RS, NEL, U+2028, U+2029)")]
     assert (report.rows_read, report.rows_enqueued, report.rows_skipped) == (7, 3, 4)
-    keys = {r[0] for r in side.query("SELECT idempotency_key FROM postlane_deliveries")}
+    keys = {r[0] for r in side.query("SELECT idempotency_key FROM postlane_delivery_rows")}
     assert keys == {"welcome:1:imp-1", "welcome:3:imp-1", "welcome:9:imp-1"}
     record = await tstore.get_import("imp-1")
     assert record is not None and (record.rows_read, record.rows_skipped) == (7, 4)
@@ -220,7 +220,7 @@ async def test_pausing_one_import_stops_its_claims_while_others_go_on(
                                   "d.id = e.delivery_id", "e.kind = 'claimed' AND "
                                   "d.import_id = 'imp-a'")
         await tstore.enqueue(msg("reset:2"))  # the rest of the fleet keeps going meanwhile
-        await wait_until(lambda: side.count("postlane_deliveries", "idempotency_key = "
+        await wait_until(lambda: side.count("postlane_delivery_rows", "idempotency_key = "
                                             "'reset:2' AND state = 'sent'"), timeout=10,
                          what="the interactive lane while A is paused")
         assert side.count("postlane_events e JOIN postlane_deliveries d ON "

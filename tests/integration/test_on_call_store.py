@@ -85,7 +85,7 @@ async def test_every_filter_narrows(store: Store, side: SideDB) -> None:
     a = await enqueue(store, "a", lane="bulk", import_id="spring", to="x@example.com")
     b = await enqueue(store, "b", lane="bulk", to="x@example.com")
     c = await enqueue(store, "c")
-    side.query("UPDATE postlane_deliveries SET template_id = 'welcome', template_version = 1 "
+    side.query("UPDATE postlane_messages SET template_id = 'welcome', template_version = 1 "
                "WHERE id = ?", (b,))
 
     async def ids(**fields: object) -> list[int]:

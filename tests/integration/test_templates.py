@@ -269,7 +269,7 @@ async def test_in_transaction_enqueue_commits_or_rolls_back_with_the_caller(
         async with await psycopg.AsyncConnection.connect(url) as apg:
             await enqueue_template_in_transaction_async(apg, "welcome", variables,
                                                         key="welcome:3", to="cy@example.com")
-    keys = sorted(r[0] for r in side.query("SELECT idempotency_key FROM postlane_deliveries"))
+    keys = sorted(r[0] for r in side.query("SELECT idempotency_key FROM postlane_delivery_rows"))
     assert keys == (["welcome:1"] if tstore.engine == "sqlite" else ["welcome:1", "welcome:3"])
     d = await tstore.get("welcome:1")
     assert d is not None and (d.subject, d.template_version) == ("Welcome, Ada", 1)

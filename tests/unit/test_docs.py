@@ -467,7 +467,7 @@ def test_getting_started_on_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     run_python("template")
     with sqlite3.connect(tmp_path / "app.db") as conn:
         users = [r[0] for r in conn.execute("SELECT email FROM users ORDER BY id")]
-        rows = conn.execute("SELECT idempotency_key, state, subject FROM postlane_deliveries "
+        rows = conn.execute("SELECT idempotency_key, state, subject FROM postlane_delivery_rows "
                             "ORDER BY id").fetchall()
     conn.close()
     # Bob's signup rolled back with his welcome message; the repeat of welcome:1 wrote nothing.
@@ -488,7 +488,7 @@ def test_getting_started_on_postgresql(fresh_pg_url: str, tmp_path: Path) -> Non
     run_python("sqlalchemy", {"postgresql+psycopg://localhost/app":
                               fresh_pg_url.replace("postgresql://", "postgresql+psycopg://", 1)})
     with psycopg.connect(fresh_pg_url) as conn:
-        rows = conn.execute("SELECT idempotency_key, state, lane FROM postlane_deliveries "
+        rows = conn.execute("SELECT idempotency_key, state, lane FROM postlane_delivery_rows "
                             "ORDER BY id").fetchall()
     assert rows == [("welcome:1", "pending", "bulk"), ("welcome:2", "pending", "bulk"),
                     ("welcome:3", "pending", "bulk")]

@@ -68,9 +68,12 @@ from postlane.store.roles import (
 __all__ = [  # the records and roles are re-exported: older code imports them from here
     "DEAD_LETTER_COLUMNS",
     "DELIVERY_COLUMNS",
+    "DELIVERY_ROWS",
     "HELD_COLUMNS",
+    "HELD_FROM",
     "IMPORT_COLUMNS",
     "MAX_RESPONSE_CHARS",
+    "MESSAGE_COLUMNS",
     "STATUS_RANK",
     "TEMPLATE_REFERENCE_CONDITION",
     "ApiKey",
@@ -110,10 +113,12 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "dead_letter_conditions",
     "dead_letter_counts",
     "delivery_conditions",
+    "delivery_source",
     "enqueue_results",
     "find_conditions",
     "import_counts_from_rows",
     "json_text",
+    "qualified_columns",
 ]
 
 DELIVERY_COLUMNS: tuple[str, ...] = (
@@ -123,6 +128,26 @@ DELIVERY_COLUMNS: tuple[str, ...] = (
     "attempt_started_at", "provider_message_id", "dead_reason", "last_error", "created_at",
     "updated_at", "sent_at", "finished_at",
 )
+
+
+MESSAGE_COLUMNS: frozenset[str] = frozenset({
+    "idempotency_key", "recipient", "sender", "subject", "text_body", "html_body", "headers",
+    "metadata", "template_id", "template_version", "producer", "request_hash",
+})
+"""The columns of ``postlane_messages`` (migration 0007): the message as enqueued, written
+once. Every other column of ``DELIVERY_COLUMNS`` is on ``postlane_deliveries``, the narrow
+table the worker's transitions rewrite."""
+
+DELIVERY_ROWS = "postlane_delivery_rows"
+"""The view joining the two, with every column a delivery had before 0007: what reads that
+want the whole delivery select from."""
+
+
+def qualified_columns(delivery: str, message: str) -> str:
+    """``DELIVERY_COLUMNS`` as a select list over a join of ``postlane_deliveries`` (alias
+    ``delivery``) and ``postlane_messages`` (alias ``message``)."""
+    return ", ".join(f"{message if c in MESSAGE_COLUMNS else delivery}.{c}"
+                     for c in DELIVERY_COLUMNS)
 
 
 DEAD_LETTER_COLUMNS = (
@@ -266,6 +291,15 @@ def delivery_conditions(
     return (" AND ".join(conditions) or "1 = 1"), params
 
 
+def delivery_source(selection: DeliveryFilter) -> str:
+    """What ``delivery_conditions`` for ``selection`` read from: the narrow table alone
+    while they name only its columns (counts by state or lane touch no message), else the
+    view joining the message (key, recipient and template moved there in 0007)."""
+    if any(getattr(selection, name) is not None for name in ("key", "recipient", "template_id")):
+        return DELIVERY_ROWS
+    return "postlane_deliveries"
+
+
 TEMPLATE_REFERENCE_CONDITION = (
     "(d.state IN ('pending', 'sending', 'ambiguous') OR (d.state IN ('dead', 'expired') "
     "AND EXISTS (SELECT 1 FROM postlane_dead_letters dl WHERE dl.delivery_id = d.id "
@@ -282,11 +316,13 @@ IMPORT_COLUMNS = (
 
 
 HELD_COLUMNS = (
-    "id, idempotency_key, CASE WHEN producer IS NULL AND request_hash IS NOT NULL "
-    f"THEN '{LEGACY_API}' ELSE producer END, channel, recipient, sender, subject, text_body, "
-    "html_body, headers, template_id, template_version, import_id"
+    "d.id, m.idempotency_key, CASE WHEN m.producer IS NULL AND m.request_hash IS NOT NULL "
+    f"THEN '{LEGACY_API}' ELSE m.producer END, d.channel, m.recipient, m.sender, m.subject, "
+    "m.text_body, m.html_body, m.headers, m.template_id, m.template_version, d.import_id"
 )
-"""The fields of ``core.producers.Held``, in order, from ``postlane_deliveries`` (headers as
+HELD_FROM = "postlane_messages m JOIN postlane_deliveries d ON d.id = m.id"
+"""What ``HELD_COLUMNS`` select from (looked up by ``m.idempotency_key``)."""
+"""The fields of ``core.producers.Held``, in order, from ``HELD_FROM`` (headers as
 the engine returns them: a dict on PostgreSQL, JSON text on SQLite). A row the HTTP API
 wrote before producers were recorded (migration 0006) reads as held by ``LEGACY_API``."""
 

@@ -305,7 +305,7 @@ def deliveries_after(conn: Any, after_id: int) -> list[tuple[Any, ...]]:
     cur = raw_sync_connection(conn).cursor()
     try:
         cur.execute("SELECT id, idempotency_key, recipient, lane, template_id, subject, state "
-                    f"FROM postlane_deliveries WHERE id > {int(after_id):d} ORDER BY id")
+                    f"FROM postlane_delivery_rows WHERE id > {int(after_id):d} ORDER BY id")
         return [tuple(row) for row in cur.fetchall()]
     finally:
         cur.close()

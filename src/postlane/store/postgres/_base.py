@@ -20,12 +20,14 @@ from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
-from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store, qualified_columns
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 CHANNEL = "postlane_enqueued"
 _COLS = ", ".join(DELIVERY_COLUMNS)
-_D_COLS = ", ".join(f"d.{c}" for c in DELIVERY_COLUMNS)
+# A delivery read from the narrow table (``c``) joined to its message (``m``).
+_CM_COLS = qualified_columns("c", "m")
+ROWS = DELIVERY_ROWS
 _TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
 
 

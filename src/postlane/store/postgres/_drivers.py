@@ -26,8 +26,9 @@ from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_ASYNCPG, INSERT_PG, rows_for
 from postlane.store.base import enqueue_results, json_text
 from postlane.store.postgres._producing import (
+    _DELIVERY_COLS,
+    _MESSAGE_COLS,
     _RESERVE_IDS,
-    _ROW_COLS,
     HELD_BY_KEYS,
     INSERT_ONE,
 )
@@ -42,22 +43,28 @@ _UNNEST_COLUMNS = (
     ("expires_at", "timestamptz"), ("expires_in_s", "float8"),
 )
 INSERT_UNNEST = f"""
-WITH ins AS (
-    INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE
-    SELECT r.id, r.key, r.lane, r.channel, r.recipient, r.sender, r.subject, r.text,
-           r.html, r.headers::jsonb, r.metadata::jsonb, r.import_id, r.template_id,
-           r.template_version, NULL::text, now() + make_interval(secs => r.delay_s),
-           COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
-    FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _UNNEST_COLUMNS)})
+WITH r AS (
+    SELECT * FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _UNNEST_COLUMNS)})
          AS r({", ".join(name for name, _ in _UNNEST_COLUMNS)})
+), msg AS (
+    INSERT INTO postlane_messages ({_MESSAGE_COLS})
+    SELECT r.id, r.key, r.recipient, r.sender, r.subject, r.text, r.html, r.headers::jsonb,
+           r.metadata::jsonb, r.template_id, r.template_version, NULL::text
+    FROM r
     ORDER BY r.key COLLATE "C"
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, idempotency_key
+), ins AS (
+    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
+    SELECT r.id, r.lane, r.channel, r.import_id, now() + make_interval(secs => r.delay_s),
+           COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
+    FROM r JOIN msg ON msg.id = r.id
+    RETURNING id
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state)
     SELECT id, 'enqueued', 'pending' FROM ins
 )
-SELECT id, idempotency_key FROM ins
+SELECT id, idempotency_key FROM msg
 """
 _NOT_VISIBLE = ("key {key!r} conflicts with a row this transaction cannot see (is it "
                 "REPEATABLE READ or SERIALIZABLE?); retry the transaction")

@@ -23,12 +23,12 @@ class HttpApiMixin(PostgresBase):
                                                  compare_content=False)
             if result.created:
                 await conn.execute(
-                    "UPDATE postlane_deliveries SET request_hash = %s WHERE id = %s",
+                    "UPDATE postlane_messages SET request_hash = %s WHERE id = %s",
                     (request_hash, result.id))
                 stored: str | None = request_hash
             else:
                 cur = await conn.execute(
-                    "SELECT request_hash FROM postlane_deliveries WHERE id = %s", (result.id,))
+                    "SELECT request_hash FROM postlane_messages WHERE id = %s", (result.id,))
                 row = await cur.fetchone()
                 stored = row[0] if row else None
         self._wakeup.set()

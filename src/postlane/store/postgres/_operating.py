@@ -25,11 +25,12 @@ from postlane.store.base import (
     dead_letter_conditions,
     dead_letter_counts,
     delivery_conditions,
+    delivery_source,
 )
 from postlane.store.base import (
     find_conditions as _find_conditions,
 )
-from postlane.store.postgres._base import _COLS, PostgresBase, _deliveries
+from postlane.store.postgres._base import _COLS, ROWS, PostgresBase, _deliveries
 
 _REPLAY = """
 WITH dl AS (
@@ -125,6 +126,10 @@ WITH gone AS (
     INSERT INTO postlane_pruned AS p (lane, deliveries)
     SELECT lane, count(*) FROM gone GROUP BY lane
     ON CONFLICT (lane) DO UPDATE SET deliveries = p.deliveries + excluded.deliveries
+), messages AS (
+    -- No foreign key either (it would be checked on every enqueue): a delivery's message
+    -- goes with it here.
+    DELETE FROM postlane_messages WHERE id IN (SELECT id FROM gone)
 ), timeline AS (
     -- The timeline has no foreign key (it would be checked on every event insert, the hot
     -- path); deliveries and their events go together here instead.
@@ -177,7 +182,7 @@ class OperatingMixin(PostgresBase):
         column = "id" if isinstance(id_or_key, int) else "idempotency_key"
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = %s", (id_or_key,)
+                f"SELECT {_COLS} FROM {ROWS} WHERE {column} = %s", (id_or_key,)
             )
             found = await _deliveries(cur)
         return found[0] if found else None
@@ -206,7 +211,7 @@ class OperatingMixin(PostgresBase):
         async with self._pool.connection() as conn:
             cur = await conn.execute(
                 f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
-                f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+                f"JOIN {ROWS} d ON d.id = dl.delivery_id WHERE {where} "
                 f"ORDER BY dl.dead_at, dl.delivery_id LIMIT %(limit)s",
                 {**params, "limit": limit},
             )
@@ -231,7 +236,7 @@ class OperatingMixin(PostgresBase):
         conditions, params = _find_conditions(key, recipient, import_id, "%({})s")
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
             return await _deliveries(cur)
@@ -244,7 +249,7 @@ class OperatingMixin(PostgresBase):
                                             before=before, upto_id=upto_id)
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {where} "
                 f"ORDER BY id DESC LIMIT %(limit)s", {**params, "limit": limit},
             )
             return await _deliveries(cur)
@@ -255,7 +260,7 @@ class OperatingMixin(PostgresBase):
     ) -> tuple[int, int]:
         where, params = delivery_conditions(selection, lambda name: f"%({name})s",
                                             upto_id=upto_id)
-        rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
+        rows = f"SELECT id FROM {delivery_source(selection)} WHERE {where}"
         if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
             rows += " LIMIT %(cap)s"
             params["cap"] = cap + 1

@@ -17,24 +17,33 @@ from postlane.core.producers import Held, check_held, first_by_key, held_from_ro
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_PG, rows_for
-from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, HELD_FROM, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.postgres._base import PostgresBase
 
-_INSERT_COLS = (
-    "idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, "
-    "headers, metadata, import_id, template_id, template_version, producer, run_at, "
-    "expires_at"
+# The message (written once) and the delivery's narrow row (rewritten by every transition)
+# share the id, taken from the deliveries' sequence. The message goes first: its unique key
+# decides whether there is a delivery to create at all.
+_MESSAGE_COLS = (
+    "id, idempotency_key, recipient, sender, subject, text_body, html_body, headers, "
+    "metadata, template_id, template_version, producer"
 )
+_DELIVERY_COLS = "id, lane, channel, import_id, run_at, expires_at"
+_NEXT_ID = "nextval('postlane_deliveries_id_seq')"
 INSERT_ONE = f"""
-WITH ins AS (
-    INSERT INTO postlane_deliveries ({_INSERT_COLS})
-    VALUES (%(key)s, %(lane)s, %(channel)s, %(recipient)s, %(sender)s, %(subject)s, %(text)s,
-            %(html)s, %(headers)s, %(metadata)s, %(import_id)s, %(template_id)s,
-            %(template_version)s, %(producer)s, now() + make_interval(secs => %(delay_s)s::float8),
-            COALESCE(%(expires_at)s::timestamptz,
-                     now() + make_interval(secs => %(expires_in_s)s::float8)))
+WITH msg AS (
+    INSERT INTO postlane_messages ({_MESSAGE_COLS})
+    VALUES (__ID__, %(key)s, %(recipient)s, %(sender)s, %(subject)s, %(text)s, %(html)s,
+            %(headers)s, %(metadata)s, %(template_id)s, %(template_version)s, %(producer)s)
     ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+), ins AS (
+    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
+    SELECT id, %(lane)s, %(channel)s, %(import_id)s,
+           now() + make_interval(secs => %(delay_s)s::float8),
+           COALESCE(%(expires_at)s::timestamptz,
+                    now() + make_interval(secs => %(expires_in_s)s::float8))
+    FROM msg
     RETURNING id
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state)
@@ -42,12 +51,19 @@ WITH ins AS (
 )
 SELECT id FROM ins
 """
-HELD_BY_KEYS = (
-    f"SELECT {HELD_COLUMNS} FROM postlane_deliveries WHERE idempotency_key = ANY(%s)"
-)
+# The synchronous bulk form's insert: INSERT_ONE with an id reserved in input order.
+_INSERT_ONE_WITH_ID = INSERT_ONE.replace("__ID__", "%(id)s")
+INSERT_ONE = INSERT_ONE.replace("__ID__", _NEXT_ID)
+HELD_BY_KEYS = f"SELECT {HELD_COLUMNS} FROM {HELD_FROM} WHERE m.idempotency_key = ANY(%s)"
 
-# A batch's rows as both ways below write them: ids and times already set.
-_ROW_COLS = f"id, {_INSERT_COLS}"
+# A batch's rows as both ways below write them: ids and times already set. The first
+# _MESSAGE_WIDTH fields are the message's, then the delivery's (without the id again).
+_ROW_COLS = (
+    "id, idempotency_key, recipient, sender, subject, text_body, html_body, headers, "
+    "metadata, template_id, template_version, producer, lane, channel, import_id, run_at, "
+    "expires_at"
+)
+_MESSAGE_WIDTH = 12
 _STAGING = """
 CREATE TEMP TABLE postlane_staging (
     id BIGINT, idempotency_key TEXT, lane TEXT, channel TEXT, recipient TEXT, sender TEXT,
@@ -58,17 +74,22 @@ CREATE TEMP TABLE postlane_staging (
 """
 _COPY_STAGING = f"COPY postlane_staging ({_ROW_COLS}) FROM STDIN"
 _INSERT_STAGED = f"""
-WITH ins AS (
-    INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE
-    SELECT {_ROW_COLS} FROM postlane_staging
+WITH msg AS (
+    INSERT INTO postlane_messages ({_MESSAGE_COLS})
+    SELECT {_MESSAGE_COLS} FROM postlane_staging
     ORDER BY idempotency_key COLLATE "C"  -- the direct COPY's order: see enqueue_many
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, idempotency_key
+), ins AS (
+    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
+    SELECT s.id, s.lane, s.channel, s.import_id, s.run_at, s.expires_at
+    FROM postlane_staging s JOIN msg ON msg.id = s.id
+    RETURNING id
 ), ev AS (
     INSERT INTO postlane_events (delivery_id, kind, state)
     SELECT id, 'enqueued', 'pending' FROM ins
 )
-SELECT id, idempotency_key FROM ins
+SELECT id, idempotency_key FROM msg
 """
 # The direct COPY's ids and clock, in one round trip. ``now()`` is the transaction's start,
 # so run_at and expires_at computed from it equal what ``now()`` in an INSERT would give:
@@ -78,20 +99,13 @@ _RESERVE_IDS = """
 SELECT now(), ARRAY(SELECT nextval('postlane_deliveries_id_seq') FROM generate_series(1, %s))
 """
 # COPY writes given values into the identity column (as OVERRIDING SYSTEM VALUE would).
-_COPY_DELIVERIES = f"COPY postlane_deliveries ({_ROW_COLS}) FROM STDIN"
+_COPY_MESSAGES = f"COPY postlane_messages ({_MESSAGE_COLS}) FROM STDIN"
+_COPY_DELIVERIES = f"COPY postlane_deliveries ({_DELIVERY_COLS}) FROM STDIN"
 _ENQUEUED_EVENTS = (
     "INSERT INTO postlane_events (delivery_id, kind, state) "
     "SELECT unnest(%s::bigint[]), 'enqueued', 'pending'"
 )
 
-
-# The synchronous bulk form's insert: INSERT_ONE with an id reserved in input order.
-_INSERT_ONE_WITH_ID = INSERT_ONE.replace(
-    f"INSERT INTO postlane_deliveries ({_INSERT_COLS})\n    VALUES (",
-    f"INSERT INTO postlane_deliveries ({_ROW_COLS}) OVERRIDING SYSTEM VALUE\n"
-    "    VALUES (%(id)s, ",
-)
-assert _INSERT_ONE_WITH_ID != INSERT_ONE
 
 
 def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
@@ -120,9 +134,9 @@ def message_params(message: Message, producer: str | None = None) -> dict[str, A
 def _row(id_: int, m: Message, now: datetime, producer: str | None) -> tuple[Any, ...]:
     """A row of ``_ROW_COLS``; ``now`` is the transaction's ``now()``."""
     return (
-        id_, m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
-        json_text(m.headers), json_text(m.metadata), m.import_id, m.template_id,
-        m.template_version, producer, now + m.delay if m.delay else now,
+        id_, m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
+        json_text(m.metadata), m.template_id, m.template_version, producer,
+        m.lane, m.channel, m.import_id, now + m.delay if m.delay else now,
         m.expires_at or (now + m.expires_in if m.expires_in else None),
     )
 
@@ -226,7 +240,9 @@ async def enqueue_many_on_connection(
         rows = [_row(ids[key], first[key], now, producer) for key in sorted(first)]
         try:
             async with conn.transaction():  # a savepoint: a conflict rolls back to here
-                await _copy(cur, _COPY_DELIVERIES, rows)
+                await _copy(cur, _COPY_MESSAGES, (r[:_MESSAGE_WIDTH] for r in rows))
+                await _copy(cur, _COPY_DELIVERIES,
+                            ((r[0], *r[_MESSAGE_WIDTH:]) for r in rows))
                 await cur.execute(_ENQUEUED_EVENTS, ([r[0] for r in rows],))
             created, existing = ids, dict[str, int]()
         except psycopg.errors.UniqueViolation:

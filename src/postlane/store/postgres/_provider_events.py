@@ -132,7 +132,9 @@ class ProviderEventsMixin(PostgresBase):
                 """WITH u AS (
                     UPDATE postlane_deliveries SET state = 'pending', run_at = now(),
                         finished_at = NULL, updated_at = now()
-                    WHERE lower(recipient) = ANY(%(address)s) AND state = 'suppressed'
+                    WHERE state = 'suppressed' AND id IN (
+                        SELECT id FROM postlane_messages
+                        WHERE lower(recipient) = ANY(%(address)s))
                     RETURNING id
                 ), ev AS (
                     INSERT INTO postlane_events (delivery_id, kind, state, data)
@@ -173,14 +175,16 @@ async def _event_delivery(conn: AsyncConnection[Any],
                           event: ProviderEvent) -> tuple[int, str, str] | None:
     """(id, lane, recipient) of the delivery an event concerns: by id, provider message id,
     then idempotency key (see ``ProviderEvent``)."""
-    lookups = (("id", event.delivery_id), ("provider_message_id", event.provider_message_id),
-               ("idempotency_key", event.idempotency_key))
+    lookups = (("d.id", event.delivery_id),
+               ("d.provider_message_id", event.provider_message_id),
+               ("m.idempotency_key", event.idempotency_key))
     for column, value in lookups:
         if value is None:
             continue
         cur = await conn.execute(
-            f"SELECT id, lane, recipient FROM postlane_deliveries WHERE {column} = %s "
-            f"ORDER BY id DESC LIMIT 1", (value,),
+            f"SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
+            f"JOIN postlane_messages m ON m.id = d.id WHERE {column} = %s "
+            f"ORDER BY d.id DESC LIMIT 1", (value,),
         )
         row = await cur.fetchone()
         if row is not None:

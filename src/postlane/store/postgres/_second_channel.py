@@ -17,19 +17,23 @@ from postlane.core.producers import FALLBACK_PRODUCER
 from postlane.core.records import ChannelStats, FallbackPair, ImportCanary
 from postlane.store.base import CHANNEL_STATS as _CHANNEL_STATS
 from postlane.store.base import channel_stats as _channel_stats
-from postlane.store.postgres._base import _COLS, PostgresBase, _deliveries
+from postlane.store.base import qualified_columns
+from postlane.store.postgres._base import PostgresBase, _deliveries
 from postlane.store.postgres._producing import enqueue_on_connection
 
+# The flag is in the message (metadata), the state in the narrow row: the partial index
+# over messages that carry a fallback (0010) finds the few, their narrow rows filter.
 _CANDIDATES = f"""
-SELECT {_COLS} FROM postlane_deliveries d
-WHERE metadata ? 'sms_fallback'
-  AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')  -- the partial index
+SELECT {qualified_columns("d", "m")}
+FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id
+WHERE m.metadata ? 'sms_fallback'  -- the partial index
+  AND d.state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')
   AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
-  AND (state IN ('dead', 'expired')
-       OR created_at + make_interval(secs => COALESCE(
-              (metadata -> 'sms_fallback' ->> 'after_s')::float8, %(after_s)s::float8))
+  AND (d.state IN ('dead', 'expired')
+       OR d.created_at + make_interval(secs => COALESCE(
+              (m.metadata -> 'sms_fallback' ->> 'after_s')::float8, %(after_s)s::float8))
           <= now())
-ORDER BY created_at, id
+ORDER BY m.id
 LIMIT %(limit)s
 """
 _PAIR_COLS = "email_id, sms_id, reason, created_at"
@@ -37,12 +41,12 @@ _EVENT = "INSERT INTO postlane_events (delivery_id, kind, state, data) VALUES (%
 
 _CANARY_COLS = "import_id, size, keys, state, reason, created_at, settled_at"
 _CANARY_STATES = """
-SELECT state, count(*), min(CASE WHEN state IN ('dead', 'expired') THEN
-           idempotency_key || ' ' || state || ' (' || COALESCE(dead_reason, state) || '): '
-           || COALESCE(left(last_error, 300), '') END)
-FROM postlane_deliveries
-WHERE import_id = %(import_id)s AND idempotency_key = ANY(%(keys)s::text[])
-GROUP BY state
+SELECT d.state, count(*), min(CASE WHEN d.state IN ('dead', 'expired') THEN
+           m.idempotency_key || ' ' || d.state || ' (' || COALESCE(d.dead_reason, d.state)
+           || '): ' || COALESCE(left(d.last_error, 300), '') END)
+FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id
+WHERE d.import_id = %(import_id)s AND m.idempotency_key = ANY(%(keys)s::text[])
+GROUP BY d.state
 """
 _HELD = """
 SELECT count(*) FROM postlane_deliveries
@@ -79,8 +83,9 @@ class SecondChannelMixin(PostgresBase):
         async with self._pool.connection() as conn, conn.transaction():
             # Locked: the email cannot be sent (or replayed) while its fallback is decided.
             cur = await conn.execute(
-                "SELECT state, idempotency_key FROM postlane_deliveries WHERE id = %s "
-                "FOR UPDATE", (email_id,))
+                "SELECT d.state, m.idempotency_key FROM postlane_deliveries d "
+                "JOIN postlane_messages m ON m.id = d.id WHERE d.id = %s "
+                "FOR UPDATE OF d", (email_id,))
             row = await cur.fetchone()
             if row is None or row[0] not in states:
                 return None

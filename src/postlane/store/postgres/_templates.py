@@ -57,8 +57,8 @@ class TemplatesMixin(PostgresBase):
         "WHERE name = %s AND deleted_at IS NULL FOR SHARE"
     )
     _COUNT_TEMPLATE_REFERENCES = (
-        "SELECT count(*) FROM postlane_deliveries d "
-        f"WHERE d.template_id = %s AND {TEMPLATE_REFERENCE_CONDITION}"
+        "SELECT count(*) FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id "
+        f"WHERE m.template_id = %s AND {TEMPLATE_REFERENCE_CONDITION}"
     )
     _IMPORT_PROGRESS = """
     UPDATE postlane_imports SET rows_read = %(read)s, rows_enqueued = %(enqueued)s,

@@ -15,6 +15,7 @@ from postlane.store.sqlite._http_api import HttpApiMixin
 from postlane.store.sqlite._on_call import OnCallMixin
 from postlane.store.sqlite._operating import OperatingMixin
 from postlane.store.sqlite._producing import (
+    INSERT_DELIVERY,
     INSERT_ONE,
     ProducingMixin,
     insert_many,
@@ -27,6 +28,7 @@ from postlane.store.sqlite._second_channel import SecondChannelMixin
 from postlane.store.sqlite._templates import TemplatesMixin
 
 __all__ = [
+    "INSERT_DELIVERY",
     "INSERT_ONE",
     "NOW",
     "SQLiteBase",

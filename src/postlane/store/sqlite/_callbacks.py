@@ -28,7 +28,7 @@ BEGIN
         'data', json_object(
             'event_id', 'evt_' || NEW.id,
             'delivery_id', NEW.delivery_id,
-            'key', d.idempotency_key,
+            'key', m.idempotency_key,
             'lane', d.lane,
             'state', d.state,
             'provider', json_extract(NEW.data, '$.provider'),
@@ -47,9 +47,10 @@ BEGIN
             WHEN NEW.kind = 'provider:bounced' THEN 'delivery.bounced'
             ELSE 'delivery.complained' END AS type) t
     JOIN postlane_deliveries d ON d.id = NEW.delivery_id
+    JOIN postlane_messages m ON m.id = NEW.delivery_id  -- the key and producer (0007)
     JOIN postlane_callback_endpoints e
       ON e.disabled_at IS NULL
-     AND (e.api_key_id IS NULL OR d.producer = 'apikey:' || e.api_key_id)
+     AND (e.api_key_id IS NULL OR m.producer = 'apikey:' || e.api_key_id)
      AND (e.events = '*' OR instr(',' || e.events || ',', ',' || t.type || ',') > 0);
 END
 """

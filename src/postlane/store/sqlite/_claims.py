@@ -20,6 +20,7 @@ from postlane.store.sqlite._base import (
     _TERMINAL,
     _TIME_COLUMNS,
     NOW,
+    ROWS,
     SQLiteBase,
     _iso,
     _read,
@@ -67,6 +68,14 @@ RETURNING id
 _SET_STATE_IF_SENDING = _SET_STATE_TEMPLATE.replace(
     "__GUARD__", "d.state = 'sending' AND d.lease_owner = :owner")
 _SET_STATE_IF_AMBIGUOUS = _SET_STATE_TEMPLATE.replace("__GUARD__", "d.state = 'ambiguous'")
+# A batch's events in one statement, from one JSON array of [delivery id, kind, state,
+# detail] (an executemany with a json.dumps per row cost more than the update it follows).
+_INSERT_EVENTS = f"""
+INSERT INTO postlane_events (delivery_id, at, kind, state, data)
+SELECT json_extract(value, '$[0]'), {NOW}, json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json(json_extract(value, '$[3]'))
+FROM json_each(?)
+"""
 
 
 class ClaimsMixin(SQLiteBase):
@@ -99,19 +108,20 @@ class ClaimsMixin(SQLiteBase):
                           AND (import_id IS NULL OR import_id NOT IN
                                (SELECT value FROM json_each(:excluded)))
                         ORDER BY run_at, id LIMIT :limit)
-                    RETURNING {_COLS}
+                    RETURNING id, claims
                     """,
                     {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
                      "channel": channel, "limit": limit, "excluded": excluded},
                 ).fetchall()
-                conn.executemany(_INSERT_EVENT, [
-                    (r[0], "claimed", "sending",
-                     json.dumps({"owner": owner, "claim": r[DELIVERY_COLUMNS.index("claims")]}))
-                    for r in rows
-                ])
-            deliveries = [_read(self.conn, r) for r in rows]
-            deliveries.sort(key=lambda d: (d.run_at, d.id))
-            return deliveries
+                conn.execute(_INSERT_EVENTS, (json.dumps([
+                    (id_, "claimed", "sending", {"owner": owner, "claim": claims})
+                    for id_, claims in rows]),))
+                # The update rewrote only the narrow rows; the messages are read here.
+                rows = conn.execute(
+                    f"SELECT {_COLS} FROM {ROWS} WHERE id IN "
+                    "(SELECT value FROM json_each(?)) ORDER BY run_at, id",
+                    (json.dumps([r[0] for r in rows]),)).fetchall()
+            return [_read(self.conn, r) for r in rows]
         return await self._run(self._tolerating_bad_text, _claim)
 
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
@@ -156,7 +166,7 @@ class ClaimsMixin(SQLiteBase):
     ) -> list[Delivery]:
         def _list() -> list[Delivery]:
             rows = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE state = 'ambiguous' "
+                f"SELECT {_COLS} FROM {ROWS} WHERE state = 'ambiguous' "
                 "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
                 "AND (:channel IS NULL OR channel = :channel) "
                 "ORDER BY updated_at, id LIMIT :limit",
@@ -172,20 +182,20 @@ class ClaimsMixin(SQLiteBase):
         """Guarded by (sending, owner) when ``owner`` is given, else by ``ambiguous``."""
         sql = _SET_STATE_IF_SENDING if owner is not None else _SET_STATE_IF_AMBIGUOUS
         batch = json.dumps([
-            [t.id, t.claims, str(t.state), t.delay_s, 1 if t.spend_attempt else 0,
+            [t.id, t.claims, t.state.value, t.delay_s, 1 if t.spend_attempt else 0,
              bound_response(t.error), t.provider_message_id, t.dead_reason]
             for t in transitions
         ])
         with self._write() as conn:
             applied = {row[0] for row in conn.execute(sql, {"batch": batch, "owner": owner})}
             done = [t for t in transitions if t.id in applied]
-            conn.executemany(_INSERT_EVENT, [
-                (t.id, t.event, str(t.state), json.dumps(t.detail)) for t in done])
+            conn.execute(_INSERT_EVENTS, (json.dumps([
+                (t.id, t.event, t.state.value, t.detail) for t in done], default=dict),))
             # After the events: the dead letter's attempt history includes this attempt.
             for t in done:
                 if t.state in (State.DEAD, State.EXPIRED):
                     row = conn.execute(
-                        f"SELECT {_COLS} FROM postlane_deliveries WHERE id = ?", (t.id,)
+                        f"SELECT {_COLS} FROM {ROWS} WHERE id = ?", (t.id,)
                     ).fetchone()
                     self._write_dead_letter(conn, row, t.dead_reason or str(t.state),
                                             t.dead_cause)

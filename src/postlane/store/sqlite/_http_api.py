@@ -23,10 +23,10 @@ class HttpApiMixin(SQLiteBase):
             with self._write() as conn:
                 result = insert_one(conn, message, producer, compare_content=False)
                 if result.created:
-                    conn.execute("UPDATE postlane_deliveries SET request_hash = ? WHERE id = ?",
+                    conn.execute("UPDATE postlane_messages SET request_hash = ? WHERE id = ?",
                                  (request_hash, result.id))
                     return result, request_hash
-                row = conn.execute("SELECT request_hash FROM postlane_deliveries WHERE id = ?",
+                row = conn.execute("SELECT request_hash FROM postlane_messages WHERE id = ?",
                                    (result.id,)).fetchone()
                 return result, row[0]
         result = await self._run(_enqueue)

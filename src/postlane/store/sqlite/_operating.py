@@ -26,12 +26,14 @@ from postlane.store.base import (
     dead_letter_conditions,
     dead_letter_counts,
     delivery_conditions,
+    delivery_source,
     find_conditions,
 )
 from postlane.store.sqlite._base import (
     _COLS,
     _INSERT_EVENT,
     NOW,
+    ROWS,
     SQLiteBase,
     _dt,
     _opt_dt,
@@ -89,7 +91,7 @@ class OperatingMixin(SQLiteBase):
 
         def _get() -> Delivery | None:
             row = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {column} = ?", (id_or_key,)
+                f"SELECT {_COLS} FROM {ROWS} WHERE {column} = ?", (id_or_key,)
             ).fetchone()
             return _read(self.conn, row) if row else None
         return await self._run(self._tolerating_bad_text, _get)
@@ -119,7 +121,7 @@ class OperatingMixin(SQLiteBase):
                       limit: int) -> list[DeadLetter]:
         rows = self.conn.execute(
             f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
-            f"JOIN postlane_deliveries d ON d.id = dl.delivery_id WHERE {where} "
+            f"JOIN {ROWS} d ON d.id = dl.delivery_id WHERE {where} "
             f"ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit", {**params, "limit": limit},
         ).fetchall()
         return [
@@ -182,7 +184,7 @@ class OperatingMixin(SQLiteBase):
 
         def _find() -> list[Delivery]:
             rows = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {conditions} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {conditions} "
                 f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
             ).fetchall()
             return [_read(self.conn, r) for r in rows]
@@ -197,7 +199,7 @@ class OperatingMixin(SQLiteBase):
 
         def _list() -> list[Delivery]:
             rows = self.conn.execute(
-                f"SELECT {_COLS} FROM postlane_deliveries WHERE {where} "
+                f"SELECT {_COLS} FROM {ROWS} WHERE {where} "
                 f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
             ).fetchall()
             return [_read(self.conn, r) for r in rows]
@@ -209,7 +211,7 @@ class OperatingMixin(SQLiteBase):
     ) -> tuple[int, int]:
         where, params = delivery_conditions(selection, lambda name: f":{name}",
                                             upto_id=upto_id)
-        rows = f"SELECT id FROM postlane_deliveries WHERE {where}"
+        rows = f"SELECT id FROM {delivery_source(selection)} WHERE {where}"
         if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
             rows += " LIMIT :cap"
             params["cap"] = cap + 1
@@ -327,9 +329,11 @@ class OperatingMixin(SQLiteBase):
                         "ON CONFLICT (lane) DO UPDATE SET "
                         "deliveries = deliveries + excluded.deliveries",
                         list(Counter(r[1] for r in rows).items()))
-                    # The timeline has no foreign key (checked on every event insert);
-                    # a delivery and its events go together here.
+                    # The timeline and the messages have no foreign key (checked on
+                    # every insert); a delivery, its message and its events go together.
                     conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
+                                 "(SELECT value FROM json_each(?))", (batch,))
+                    conn.execute("DELETE FROM postlane_messages WHERE id IN "
                                  "(SELECT value FROM json_each(?))", (batch,))
                     conn.execute("DELETE FROM postlane_deliveries WHERE id IN "
                                  "(SELECT value FROM json_each(?))", (batch,))

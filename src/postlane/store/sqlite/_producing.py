@@ -13,20 +13,29 @@ from postlane.core.producers import Held, check_held, first_by_key, held_from_ro
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_SQLITE, rows_for
-from postlane.store.base import HELD_COLUMNS, enqueue_results, json_text
+from postlane.store.base import HELD_COLUMNS, HELD_FROM, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
 from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
 
+# The message first: its unique key decides whether there is a delivery to create, and its
+# id (AUTOINCREMENT: never reused) becomes the delivery's. Writers are serialised, so
+# nothing can come between the two inserts.
+_MESSAGE_COLS = (
+    "idempotency_key, recipient, sender, subject, text_body, html_body, headers, metadata, "
+    "template_id, template_version, producer"
+)
+_DELIVERY_COLS = "id, lane, channel, import_id, run_at, expires_at, created_at, updated_at"
 INSERT_ONE = f"""
-INSERT INTO postlane_deliveries (
-    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
-    metadata, import_id, template_id, template_version, producer, run_at, expires_at,
-    created_at, updated_at)
-VALUES (:key, :lane, :channel, :recipient, :sender, :subject, :text, :html, :headers,
-        :metadata, :import_id, :template_id, :template_version, :producer, {NOW} + :delay_s,
-        COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
+INSERT INTO postlane_messages ({_MESSAGE_COLS})
+VALUES (:key, :recipient, :sender, :subject, :text, :html, :headers, :metadata, :template_id,
+        :template_version, :producer)
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id
+"""
+INSERT_DELIVERY = f"""
+INSERT INTO postlane_deliveries ({_DELIVERY_COLS})
+VALUES (:id, :lane, :channel, :import_id, {NOW} + :delay_s,
+        COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
 """
 
 
@@ -69,8 +78,10 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
     """Insert-or-find in whatever transaction ``conn`` is in (shared with the outbox).
     A key held by another producer, or by ``producer`` for other content, raises
     ``KeyConflict`` (see ``core.producers``)."""
-    row = conn.execute(INSERT_ONE, message_params(message, producer)).fetchone()
+    params = message_params(message, producer)
+    row = conn.execute(INSERT_ONE, params).fetchone()
     if row is not None:
+        conn.execute(INSERT_DELIVERY, {**params, "id": row[0]})
         conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
         result = EnqueueResult(row[0], message.key, created=True)
         if message.attachments:
@@ -84,8 +95,8 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
 
 
 _HELD_BY_KEYS = (
-    f"SELECT {HELD_COLUMNS} FROM postlane_deliveries "
-    "WHERE idempotency_key IN (SELECT value FROM json_each(?))"
+    f"SELECT {HELD_COLUMNS} FROM {HELD_FROM} "
+    "WHERE m.idempotency_key IN (SELECT value FROM json_each(?))"
 )
 
 
@@ -98,29 +109,34 @@ def held_by_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[Held]:
 # One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
 # a statement per row is not). Row fields by position, as _batch_row writes them.
 _INSERT_MANY = f"""
-INSERT INTO postlane_deliveries (
-    idempotency_key, lane, channel, recipient, sender, subject, text_body, html_body, headers,
-    metadata, import_id, template_id, template_version, producer, run_at, expires_at,
-    created_at, updated_at)
-SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(13))}, :producer,
-       {NOW} + json_extract(value, '$[13]'),
-       COALESCE(json_extract(value, '$[14]'), {NOW} + json_extract(value, '$[15]')),
-       {NOW}, {NOW}
+INSERT INTO postlane_messages ({_MESSAGE_COLS})
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(10))}, :producer
 FROM json_each(:batch) WHERE true  -- (WHERE: SQLite's parser needs it before ON CONFLICT)
 ORDER BY key  -- ids in input order
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING id, idempotency_key
 """
+# The created messages' deliveries, one JSON array of [id, lane, channel, import_id,
+# delay_s, expires_at, expires_in_s] (from _delivery_row).
+_INSERT_MANY_DELIVERIES = f"""
+INSERT INTO postlane_deliveries ({_DELIVERY_COLS})
+SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(4))},
+       {NOW} + json_extract(value, '$[4]'),
+       COALESCE(json_extract(value, '$[5]'), {NOW} + json_extract(value, '$[6]')),
+       {NOW}, {NOW}
+FROM json_each(:rows)
+"""
+
+
+def _delivery_row(id_: int, m: Message) -> tuple[Any, ...]:
+    return (id_, m.lane, m.channel, m.import_id, m.delay.total_seconds() if m.delay else 0.0,
+            m.expires_at.timestamp() if m.expires_at else None,
+            m.expires_in.total_seconds() if m.expires_in else None)
 
 
 def _batch_row(m: Message) -> tuple[Any, ...]:
-    return (
-        m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
-        json_text(m.headers), json_text(m.metadata), m.import_id, m.template_id,
-        m.template_version, m.delay.total_seconds() if m.delay else 0.0,
-        m.expires_at.timestamp() if m.expires_at else None,
-        m.expires_in.total_seconds() if m.expires_in else None,
-    )
+    return (m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
+            json_text(m.metadata), m.template_id, m.template_version)
 
 
 @migrated()
@@ -135,6 +151,9 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
     created = dict((key, id_) for id_, key in conn.execute(
         _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages]),
                        "producer": producer}))
+    if created:
+        conn.execute(_INSERT_MANY_DELIVERIES, {"rows": json.dumps(
+            [_delivery_row(id_, first[key]) for key, id_ in created.items()])})
     # Through a cursor: SQLAlchemy's adapted aiosqlite connection has no executemany.
     conn.cursor().executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
                                      for id_ in created.values()])

@@ -139,8 +139,8 @@ class ProviderEventsMixin(SQLiteBase):
                 ids = [r[0] for r in conn.execute(
                     f"UPDATE postlane_deliveries SET state = 'pending', run_at = {NOW}, "
                     f"finished_at = NULL, updated_at = {NOW} "
-                    f"WHERE lower(recipient) IN (SELECT value FROM json_each(?)) "
-                    f"AND state = 'suppressed' RETURNING id",
+                    f"WHERE state = 'suppressed' AND id IN (SELECT id FROM postlane_messages "
+                    f"WHERE lower(recipient) IN (SELECT value FROM json_each(?))) RETURNING id",
                     (json.dumps(address_spellings(address)),),
                 ).fetchall()]
                 conn.executemany(_INSERT_EVENT, [(i, "unsuppressed", "pending", "{}")
@@ -178,14 +178,16 @@ def _event_delivery(conn: sqlite3.Connection,
                     event: ProviderEvent) -> tuple[int, str, str] | None:
     """(id, lane, recipient) of the delivery an event concerns: by id, provider message id,
     then idempotency key (see ``ProviderEvent``)."""
-    lookups = (("id", event.delivery_id), ("provider_message_id", event.provider_message_id),
-               ("idempotency_key", event.idempotency_key))
+    lookups = (("d.id", event.delivery_id),
+               ("d.provider_message_id", event.provider_message_id),
+               ("m.idempotency_key", event.idempotency_key))
     for column, value in lookups:
         if value is None:
             continue
         row = conn.execute(
-            f"SELECT id, lane, recipient FROM postlane_deliveries WHERE {column} = ? "
-            f"ORDER BY id DESC LIMIT 1", (value,),
+            f"SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
+            f"JOIN postlane_messages m ON m.id = d.id WHERE {column} = ? "
+            f"ORDER BY d.id DESC LIMIT 1", (value,),
         ).fetchone()
         if row is not None:
             return int(row[0]), str(row[1]), str(row[2])

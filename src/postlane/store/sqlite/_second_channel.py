@@ -16,31 +16,35 @@ from postlane.core.producers import FALLBACK_PRODUCER
 from postlane.core.records import ChannelStats, FallbackPair, ImportCanary
 from postlane.store.base import CHANNEL_STATS as _CHANNEL_STATS
 from postlane.store.base import channel_stats as _channel_stats
-from postlane.store.sqlite._base import _COLS, _INSERT_EVENT, NOW, SQLiteBase, _dt, _opt_dt, _read
+from postlane.store.base import qualified_columns
+from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase, _dt, _opt_dt, _read
 from postlane.store.sqlite._producing import insert_one
 
+# The flag is in the message (metadata), the state in the narrow row: the partial index
+# over messages that carry a fallback (0010) finds the few, their narrow rows filter.
 _CANDIDATES = f"""
-SELECT {_COLS} FROM postlane_deliveries AS d
-WHERE CASE WHEN json_valid(metadata) THEN json_type(metadata, '$.sms_fallback') END
-          IS NOT NULL
-  AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')  -- the partial index
+SELECT {qualified_columns("d", "m")}
+FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
+WHERE CASE WHEN json_valid(m.metadata) THEN json_type(m.metadata, '$.sms_fallback') END
+          IS NOT NULL  -- the partial index
+  AND d.state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')
   AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
-  AND (state IN ('dead', 'expired')
-       OR created_at + COALESCE(CASE WHEN json_valid(metadata) THEN
-                                json_extract(metadata, '$.sms_fallback.after_s') END,
-                                :after_s) <= {NOW})
-ORDER BY created_at, id
+  AND (d.state IN ('dead', 'expired')
+       OR d.created_at + COALESCE(CASE WHEN json_valid(m.metadata) THEN
+                                  json_extract(m.metadata, '$.sms_fallback.after_s') END,
+                                  :after_s) <= {NOW})
+ORDER BY m.id
 LIMIT :limit
 """
 _PAIR_COLS = "email_id, sms_id, reason, created_at"
 _CANARY_COLS = "import_id, size, keys, state, reason, created_at, settled_at"
 _CANARY_STATES = """
-SELECT state, count(*), min(CASE WHEN state IN ('dead', 'expired') THEN
-           idempotency_key || ' ' || state || ' (' || COALESCE(dead_reason, state) || '): '
-           || COALESCE(substr(last_error, 1, 300), '') END)
-FROM postlane_deliveries
-WHERE import_id = :import_id AND idempotency_key IN (SELECT value FROM json_each(:keys))
-GROUP BY state
+SELECT d.state, count(*), min(CASE WHEN d.state IN ('dead', 'expired') THEN
+           m.idempotency_key || ' ' || d.state || ' (' || COALESCE(d.dead_reason, d.state)
+           || '): ' || COALESCE(substr(d.last_error, 1, 300), '') END)
+FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
+WHERE d.import_id = :import_id AND m.idempotency_key IN (SELECT value FROM json_each(:keys))
+GROUP BY d.state
 """
 _HELD_WHERE = f"import_id = :import_id AND state = 'pending' AND run_at > {NOW} + :beyond_s"
 
@@ -68,7 +72,8 @@ class SecondChannelMixin(SQLiteBase):
         def _create() -> FallbackPair | None:
             with self._write() as conn:
                 row = conn.execute(
-                    "SELECT state, idempotency_key FROM postlane_deliveries WHERE id = ?",
+                    "SELECT d.state, m.idempotency_key FROM postlane_deliveries d "
+                    "JOIN postlane_messages m ON m.id = d.id WHERE d.id = ?",
                     (email_id,)).fetchone()
                 if row is None or row[0] not in states:
                     return None

@@ -36,8 +36,8 @@ class TemplatesMixin(SQLiteBase):
       AND v.version = COALESCE(:version, t.latest_version)
     """
     _COUNT_TEMPLATE_REFERENCES = (
-        "SELECT count(*) FROM postlane_deliveries d "
-        f"WHERE d.template_id = ? AND {TEMPLATE_REFERENCE_CONDITION}"
+        "SELECT count(*) FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id "
+        f"WHERE m.template_id = ? AND {TEMPLATE_REFERENCE_CONDITION}"
     )
     _IMPORT_PROGRESS = f"""
     UPDATE postlane_imports SET rows_read = :read, rows_enqueued = :enqueued,

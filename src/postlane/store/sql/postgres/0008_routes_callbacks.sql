@@ -65,7 +65,7 @@ BEGIN
         'data', jsonb_build_object(
             'event_id', 'evt_' || n.id,
             'delivery_id', n.delivery_id,
-            'key', d.idempotency_key,
+            'key', m.idempotency_key,
             'lane', d.lane,
             'state', d.state,
             'provider', n.data ->> 'provider',
@@ -85,9 +85,10 @@ BEGIN
         FROM postlane_new_events ev
     ) n
     JOIN postlane_deliveries d ON d.id = n.delivery_id
+    JOIN postlane_messages m ON m.id = n.delivery_id  -- the key and producer (0007)
     JOIN postlane_callback_endpoints e
       ON e.disabled_at IS NULL
-     AND (e.api_key_id IS NULL OR d.producer = 'apikey:' || e.api_key_id)
+     AND (e.api_key_id IS NULL OR m.producer = 'apikey:' || e.api_key_id)
      AND (e.events = '*' OR n.type = ANY (string_to_array(e.events, ',')))
     WHERE n.type IS NOT NULL
     ON CONFLICT ON CONSTRAINT postlane_callbacks_once DO NOTHING;

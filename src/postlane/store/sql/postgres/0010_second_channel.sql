@@ -7,10 +7,11 @@ CREATE INDEX postlane_deliveries_ready_channel ON postlane_deliveries (lane, cha
     WHERE state = 'pending';
 DROP INDEX IF EXISTS postlane_deliveries_ready;
 
--- Emails that carry an SMS fallback and may still need it: what the sweep reads.
-CREATE INDEX postlane_deliveries_sms_fallback ON postlane_deliveries (created_at, id)
-    WHERE metadata ? 'sms_fallback'
-      AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired');
+-- Emails that carry an SMS fallback: what the sweep reads. The flag lives in the message
+-- (0007), the state in the narrow row, so the index is over messages and the sweep filters
+-- the states through the primary key; the hot path's table gets no index for this.
+CREATE INDEX postlane_messages_sms_fallback ON postlane_messages (id)
+    WHERE metadata ? 'sms_fallback';
 
 -- One row per email whose fallback was created: the pair, and why.
 CREATE TABLE postlane_sms_fallbacks (

@@ -6,13 +6,12 @@ CREATE INDEX postlane_deliveries_ready_channel ON postlane_deliveries (lane, cha
     WHERE state = 'pending';
 DROP INDEX IF EXISTS postlane_deliveries_ready;
 
--- Emails that carry an SMS fallback and may still need it: what the sweep reads. Guarded by
--- json_valid (CASE is lazy): a row whose metadata is not JSON (a poison row another program
--- wrote) must stay writable, so its dead letter can be recorded.
-CREATE INDEX postlane_deliveries_sms_fallback ON postlane_deliveries (created_at, id)
+-- Emails that carry an SMS fallback: what the sweep reads (over messages, where the flag
+-- lives since 0007; see the PostgreSQL migration). Guarded by json_valid (CASE is lazy): a
+-- message whose metadata is not JSON (a poison row another program wrote) must still insert.
+CREATE INDEX postlane_messages_sms_fallback ON postlane_messages (id)
     WHERE CASE WHEN json_valid(metadata) THEN json_type(metadata, '$.sms_fallback') END
-          IS NOT NULL
-      AND state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired');
+          IS NOT NULL;
 
 CREATE TABLE postlane_sms_fallbacks (
     email_id   INTEGER PRIMARY KEY REFERENCES postlane_deliveries (id) ON DELETE CASCADE,

@@ -36,6 +36,7 @@ CREATE INDEX postlane_deliveries_settled ON postlane_deliveries (state, id)
 DROP INDEX postlane_deliveries_import;
 CREATE INDEX postlane_deliveries_import ON postlane_deliveries (import_id, id)
     WHERE import_id IS NOT NULL;
-DROP INDEX postlane_deliveries_template;
-CREATE INDEX postlane_deliveries_template ON postlane_deliveries (template_id, id)
+-- (The template is the message's since 0007: its index is on postlane_messages.)
+DROP INDEX postlane_messages_template;
+CREATE INDEX postlane_messages_template ON postlane_messages (template_id, id)
     WHERE template_id IS NOT NULL;
