@@ -21,6 +21,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store, qualified_columns
+from postlane.store.machine import TERMINAL_SQL
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 CHANNEL = "postlane_enqueued"
@@ -28,7 +29,7 @@ _COLS = ", ".join(DELIVERY_COLUMNS)
 # A delivery read from the narrow table (``c``) joined to its message (``m``).
 _CM_COLS = qualified_columns("c", "m")
 ROWS = DELIVERY_ROWS
-_TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
+_TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
 
 
 _JSON = json.JSONDecoder()

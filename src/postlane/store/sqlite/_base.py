@@ -20,6 +20,7 @@ from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations
 from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store
+from postlane.store.machine import TERMINAL_SQL
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
@@ -31,7 +32,7 @@ _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
 })
-_TERMINAL = "('sent', 'dead', 'expired', 'cancelled', 'suppressed')"
+_TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
 
 _INSERT_EVENT = (
     f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "

@@ -1,0 +1,70 @@
+"""The state machine's decisions that are not SQL, held once for every engine.
+
+An engine's queries say *how* a transition is written in its dialect; what the transition
+is lives here: which states are terminal (from ``core.states``), where a rescued lease goes
+and what the timeline says about it, how a dead letter's attempt history is shaped. Both
+engines read these, so a rule changes in one place and the conformance suite holds both
+to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from postlane.core.states import TERMINAL_STATES, State
+
+TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
+"""The terminal states as an SQL list, for ``state IN {{terminal}}``."""
+
+# -- rescue: a lease that expired ------------------------------------------------------------
+RESCUE_STARTED_ERROR = ("lease expired after the attempt started; the provider may have "
+                        "accepted it")
+"""``last_error`` of a delivery rescued after its attempt started (it goes to ambiguous)."""
+RESCUE_STARTED_RESPONSE = "lease expired after the attempt started"
+"""The attempt history's response for that attempt (it never reported)."""
+RESCUE_EVENT = "lease_expired"
+
+
+def rescue_target(started: bool) -> State:
+    """Where a delivery whose lease expired goes: an attempt that started may have reached
+    the provider, so it is never retried blindly; one that never started goes back."""
+    return State.AMBIGUOUS if started else State.PENDING
+
+
+def rescue_detail(owner: str | None, started: bool, attempts: int) -> dict[str, Any]:
+    """The timeline entry of a rescue; a started attempt that never reported joins the
+    attempt history as ambiguous."""
+    detail: dict[str, Any] = {"owner": owner, "attempt_started": started}
+    if started:
+        detail.update(outcome="ambiguous", attempt=attempts,
+                      response=RESCUE_STARTED_RESPONSE)
+    return detail
+
+
+# -- dead letters ----------------------------------------------------------------------------
+def attempt_history(events: Iterable[Mapping[str, Any]],
+                    last: Mapping[str, Any] | None = None, last_at: str | None = None,
+                    ) -> list[dict[str, Any]]:
+    """A dead letter's attempt history: every timeline entry that records an outcome, oldest
+    first, each with its time, then the transition that killed it (when it records one).
+    ``events`` are ``{"data": ..., "at": ...}`` in timeline order."""
+    history = [{**event["data"], "at": event["at"]} for event in events
+               if "outcome" in (event["data"] or {})]
+    if last is not None and "outcome" in last:
+        history.append({**last, "at": last_at})
+    return history
+
+
+def sql_fragments(engine: str) -> dict[str, str]:
+    """What a ``{{name}}`` in ``sql/<engine>/queries.sql`` stands for (``store.queries``)."""
+    return {
+        "terminal": TERMINAL_SQL,
+        "rescue_started_error": _literal(RESCUE_STARTED_ERROR),
+        "rescue_started_response": _literal(RESCUE_STARTED_RESPONSE),
+        "rescue_event": _literal(RESCUE_EVENT),
+    }
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
