@@ -95,6 +95,13 @@ class Delivery:
     attachments: tuple[Attachment, ...] = field(default=(), kw_only=True)
     """Loaded only when the message is built to send (never by a claim): the worker reads
     them for the deliveries it is about to send (``WorkerStore.attachments_among``)."""
+    may_be_suppressed: bool = field(default=True, kw_only=True, compare=False)
+    """Set by a claim that could rule it out: False when no suppression names the address
+    (as stored, lowered, ASCII only), so the worker's suppression check can skip it. True,
+    the default, means "check" (``WorkerStore.suppressed_among`` decides)."""
+    has_attachments: bool | None = field(default=None, kw_only=True, compare=False)
+    """Set by a claim: whether stored parts exist, so the worker reads them only for those
+    that have some. None, the default, means unknown (the worker looks)."""
     unsubscribe: ListUnsubscribe | None = field(default=None, kw_only=True, compare=False)
     """Set by the worker, not stored: the one-click unsubscribe headers this send carries
     (bulk lanes only; ``core.unsubscribe``). Every adapter puts them on the wire."""

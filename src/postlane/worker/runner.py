@@ -453,7 +453,8 @@ class Worker:
                 route.breaker.probe_unsent(delivery.id)
             else:
                 to_send.append(delivery)
-        suppressed = await self.store.suppressed_among(to_send)
+        to_check = [d for d in to_send if d.may_be_suppressed]  # see Delivery's hints
+        suppressed = await self.store.suppressed_among(to_check) if to_check else {}
         if suppressed:
             for delivery in [d for d in to_send if d.id in suppressed]:
                 # Not a dead letter: the address asked (by bouncing or complaining) for no mail.
@@ -513,9 +514,10 @@ class Worker:
         """The batch with its stored parts, read only now that it is about to be built and
         sent (never by the claim: the side table is keyed by delivery id, one indexed read
         per batch)."""
-        if not to_send:
+        with_parts = [d.id for d in to_send if d.has_attachments is not False]
+        if not with_parts:
             return to_send
-        parts = await self.store.attachments_among([d.id for d in to_send])
+        parts = await self.store.attachments_among(with_parts)
         if not parts:
             return to_send
         return [replace(d, attachments=parts[d.id]) if d.id in parts else d for d in to_send]

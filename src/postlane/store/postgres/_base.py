@@ -194,11 +194,15 @@ _HEADERS_INDEX = DELIVERY_COLUMNS.index("headers")
 _METADATA_INDEX = DELIVERY_COLUMNS.index("metadata")
 
 
-def _delivery(row: Sequence[Any]) -> Delivery:
+_HINTS = len(DELIVERY_COLUMNS)
+
+
+def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
     """DELIVERY_COLUMNS are in Delivery's field order (checked by a test), so a row maps
     positionally; only the state needs converting. Headers that are not an object of text
-    (or metadata not an object) make it an ``UnreadableDelivery``."""
-    values = list(row)
+    (or metadata not an object) make it an ``UnreadableDelivery``. A ``hinted`` row (a
+    claim's) ends with ``may_be_suppressed`` and ``has_attachments``."""
+    values = list(row[:_HINTS]) if hinted else list(row)
     values[_STATE_INDEX] = State(values[_STATE_INDEX])
     try:
         check_headers(values[_HEADERS_INDEX])
@@ -206,10 +210,13 @@ def _delivery(row: Sequence[Any]) -> Delivery:
     except ValueError as exc:
         return read_columns(dict(zip(DELIVERY_COLUMNS, values, strict=True)), _DECODERS,
                             exc)
+    if hinted:
+        return Delivery(*values, may_be_suppressed=row[_HINTS],
+                        has_attachments=row[_HINTS + 1])
     return Delivery(*values)
 
 
-async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
+async def _deliveries(cur: psycopg.AsyncCursor[Any], hinted: bool = False) -> list[Delivery]:
     """Every row of ``cur`` (``DELIVERY_COLUMNS``) as a ``Delivery``. A row psycopg cannot
     load (a time past year 9999: "timestamp too large") comes back as an
     ``UnreadableDelivery`` instead of failing the rows fetched with it; the fast path, one
@@ -219,7 +226,7 @@ async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
     except (psycopg.DataError, ValueError):  # ValueError: text that is not UTF-8
         pass
     else:
-        return [_delivery(row) for row in rows]
+        return [_delivery(row, hinted) for row in rows]
     result = cur.pgresult
     assert result is not None  # fetchall found one to fail on
     deliveries: list[Delivery] = []
@@ -231,7 +238,7 @@ async def _deliveries(cur: psycopg.AsyncCursor[Any]) -> list[Delivery]:
             deliveries.append(read_columns(_columns(cur, result, number), _DECODERS, exc))
         else:
             assert row is not None
-            deliveries.append(_delivery(row))
+            deliveries.append(_delivery(row, hinted))
     return deliveries
 
 
