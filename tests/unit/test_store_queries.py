@@ -66,9 +66,11 @@ def test_the_postgres_engine_asks_only_for_queries_its_file_has_and_uses_them_al
     assert not defined - used, f"never used: {sorted(defined - used)}"
 
 
-def test_no_postgres_entry_has_a_percent_sign_in_a_comment() -> None:
-    """psycopg reads a placeholder anywhere in the text, comments included."""
+def test_no_postgres_comment_holds_a_percent_sign_or_a_marker() -> None:
+    """psycopg reads a placeholder anywhere in the text, comments included; the engine
+    fills every ``__MARKER__``, comments included."""
     for name, sql in queries.load("postgres").items():
         for line in sql.splitlines():
             _, dash, comment = line.partition("--")
             assert not (dash and "%" in comment), (name, line)
+            assert not (dash and re.search(r"__[A-Z]+__", comment)), (name, line)

@@ -3,7 +3,8 @@
 --
 -- A word in capitals between double underscores (__WHERE__, __GUARD__) is filled by the
 -- engine when it runs the query: with another entry of this file, or with conditions it
--- assembles from a caller's optional filters (store.base).
+-- assembles from a caller's optional filters (store.base). The engine replaces every
+-- occurrence, so an entry's comments name such a marker without its underscores (WHERE).
 --
 -- Parameters are psycopg's, a percent sign and a name, so a comment inside an entry never
 -- holds a percent sign: psycopg reads one anywhere in the text, comments included.
@@ -53,7 +54,7 @@ LISTEN postlane_enqueued
 -- name: insert_one
 -- The message (written once) and the delivery's narrow row (rewritten by every transition)
 -- share the id, taken from the deliveries' sequence. The message goes first: its unique key
--- decides whether there is a delivery to create at all. __ID__ is that id: next_delivery_id
+-- decides whether there is a delivery to create at all. The ID marker is that id: next_delivery_id
 -- for one message, an id reserved in input order in the synchronous bulk form. Writable
 -- CTEs: the message, its delivery and its enqueued event are one statement.
 WITH msg AS (
@@ -245,7 +246,7 @@ RETURNING d.id
 
 -- name: set_state
 -- A batch of transitions, each with its timeline event and, for a dead or expired one, its
--- dead letter, in one statement (writable CTEs). __GUARD__ is guard_leased_to_me or
+-- dead letter, in one statement (writable CTEs). The GUARD marker is guard_leased_to_me or
 -- guard_ambiguous.
 WITH t AS (
     -- One JSON document for the whole batch: json.dumps is far cheaper than ten arrays, and
@@ -383,7 +384,7 @@ SELECT id, delivery_id, at, kind, state, data FROM postlane_events
 WHERE delivery_id = %s ORDER BY id
 
 -- name: dead_letters
--- __WHERE__: the triage selection's conditions (store.base.dead_letter_conditions).
+-- The WHERE marker: the triage selection's conditions (store.base.dead_letter_conditions).
 SELECT {{dead_letter_columns}} FROM postlane_dead_letters dl
 JOIN {{delivery_rows}} d ON d.id = dl.delivery_id WHERE __WHERE__
 ORDER BY dl.dead_at, dl.delivery_id LIMIT %(limit)s
@@ -427,18 +428,19 @@ WITH dl AS (
 SELECT delivery_id FROM dl
 
 -- name: find_deliveries
--- __WHERE__: store.base.find_conditions.
+-- The WHERE marker: store.base.find_conditions.
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE __WHERE__
 ORDER BY id DESC LIMIT %(limit)s
 
 -- name: list_deliveries
--- __WHERE__: store.base.delivery_conditions.
+-- The WHERE marker: store.base.delivery_conditions.
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE __WHERE__
 ORDER BY id DESC LIMIT %(limit)s
 
 -- name: count_deliveries
--- __SOURCE__ and __WHERE__: store.base.delivery_source and delivery_conditions; __CAP__ is
--- count_deliveries_cap or nothing (no order: any cap + 1 rows tell "more than cap").
+-- The SOURCE and WHERE markers: store.base.delivery_source and delivery_conditions; the
+-- CAP marker is count_deliveries_cap or nothing (no order: any cap + 1 rows tell "more than
+-- cap").
 SELECT count(*), COALESCE(max(id), 0) FROM (
     SELECT id FROM __SOURCE__ WHERE __WHERE__
     __CAP__
@@ -583,7 +585,7 @@ WHERE minute >= EXTRACT(EPOCH FROM now()) - %s ORDER BY minute, lane, outcome
 -- ===========================================================================================
 
 -- name: event_delivery
--- __COLUMN__ is one of d.id, d.provider_message_id, m.idempotency_key (tried in that order).
+-- The COLUMN marker is one of d.id, d.provider_message_id, m.idempotency_key (tried in that order).
 SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d
 JOIN postlane_messages m ON m.id = d.id WHERE __COLUMN__ = %s
 ORDER BY d.id DESC LIMIT 1
