@@ -23,7 +23,7 @@ import psycopg
 from bench._common import command_line, fresh_pg_database, machine_info, write_section
 from postlane import Message, open_store
 from postlane.core.sms import sms_message
-from postlane.store.postgres._claims import _CLAIM
+from postlane.store.postgres._base import Q
 
 OLD_INDEX = ("CREATE INDEX postlane_deliveries_ready ON postlane_deliveries (lane, run_at, id) "
              "WHERE state = 'pending'")
@@ -51,7 +51,7 @@ def _time_claims(url: str, channel: str, limit: int, rounds: int) -> float:
     with psycopg.connect(url) as conn:
         for _ in range(rounds):
             started = time.perf_counter()
-            rows = conn.execute(_CLAIM, params, prepare=False).fetchall()
+            rows = conn.execute(Q["claim"], params, prepare=False).fetchall()
             times.append(time.perf_counter() - started)
             assert rows, f"nothing claimed for {channel}"
             conn.rollback()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+import postlane.store
 from postlane.core.states import TERMINAL_STATES
 from postlane.store import machine, queries
 
@@ -37,3 +41,36 @@ def test_rescue_goes_to_ambiguous_only_once_started() -> None:
     assert machine.rescue_target(False).value == "pending"
     assert machine.rescue_detail("w", True, 2)["outcome"] == "ambiguous"
     assert "outcome" not in machine.rescue_detail("w", False, 0)
+
+
+def _postgres_asks_for() -> dict[str, list[str]]:
+    """Every ``Q["name"]`` in the postgres engine's modules, by module."""
+    package = Path(postlane.store.__file__).parent / "postgres"
+    asked: dict[str, list[str]] = {}
+    for module in sorted(package.glob("*.py")):
+        text = module.read_text("utf-8")
+        names = re.findall(r'\bQ\["([a-z_][a-z0-9_]*)"\]', text)
+        # Only literal names: a computed one could not be checked here.
+        assert len(names) == len(re.findall(r"\bQ\[", text)), module.name
+        asked[module.name] = names
+    return asked
+
+
+def test_the_postgres_engine_asks_only_for_queries_its_file_has_and_uses_them_all() -> None:
+    asked = _postgres_asks_for()
+    defined = set(queries.load("postgres"))
+    missing = {module: sorted(set(names) - defined) for module, names in asked.items()
+               if set(names) - defined}
+    assert not missing, f"asked for but not in sql/postgres/queries.sql: {missing}"
+    used = {name for names in asked.values() for name in names}
+    assert not defined - used, f"never used: {sorted(defined - used)}"
+
+
+def test_no_postgres_comment_holds_a_percent_sign_or_a_marker() -> None:
+    """psycopg reads a placeholder anywhere in the text, comments included; the engine
+    fills every ``__MARKER__``, comments included."""
+    for name, sql in queries.load("postgres").items():
+        for line in sql.splitlines():
+            _, dash, comment = line.partition("--")
+            assert not (dash and "%" in comment), (name, line)
+            assert not (dash and re.search(r"__[A-Z]+__", comment)), (name, line)

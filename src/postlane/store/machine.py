@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from postlane.core.records import STATUS_RANK
 from postlane.core.states import TERMINAL_STATES, State
+from postlane.store import base, migrations
 
 TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 """The terminal states as an SQL list, for ``state IN {{terminal}}``."""
@@ -63,6 +65,27 @@ def sql_fragments(engine: str) -> dict[str, str]:
         "rescue_started_error": _literal(RESCUE_STARTED_ERROR),
         "rescue_started_response": _literal(RESCUE_STARTED_RESPONSE),
         "rescue_event": _literal(RESCUE_EVENT),
+        **_shapes(),
+    }
+
+
+def _shapes() -> dict[str, str]:
+    """Select lists and conditions the records (``store.base``, ``core``) dictate, spelled
+    once for every query that reads them."""
+    return {
+        "delivery_columns": ", ".join(base.DELIVERY_COLUMNS),
+        "delivery_rows": base.DELIVERY_ROWS,
+        # DELIVERY_COLUMNS over a narrow row (alias c or d) joined to its message (m).
+        "claimed_columns": base.qualified_columns("c", "m"),
+        "delivery_message_columns": base.qualified_columns("d", "m"),
+        "dead_letter_columns": base.DEAD_LETTER_COLUMNS,
+        "held_columns": base.HELD_COLUMNS,
+        "held_from": base.HELD_FROM,
+        "import_columns": base.IMPORT_COLUMNS,
+        "template_reference": base.TEMPLATE_REFERENCE_CONDITION,
+        "migrations_table": migrations.MIGRATIONS_TABLE,
+        "provider_status_ranks": " ".join(f"WHEN '{k}' THEN {v}"
+                                          for k, v in STATUS_RANK.items()),
     }
 
 

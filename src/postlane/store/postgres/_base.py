@@ -19,17 +19,12 @@ from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
-from postlane.store import migrations
-from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store, qualified_columns
-from postlane.store.machine import TERMINAL_SQL
+from postlane.store import migrations, queries
+from postlane.store.base import DELIVERY_COLUMNS, Store
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
-CHANNEL = "postlane_enqueued"
-_COLS = ", ".join(DELIVERY_COLUMNS)
-# A delivery read from the narrow table (``c``) joined to its message (``m``).
-_CM_COLS = qualified_columns("c", "m")
-ROWS = DELIVERY_ROWS
-_TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
+Q = queries.load("postgres")
+"""Every statement this engine runs, by name (``sql/postgres/queries.sql``)."""
 
 
 _JSON = json.JSONDecoder()
@@ -126,40 +121,32 @@ class PostgresBase(Store):
 
     # -- migrations ------------------------------------------------------------------------
     async def _applied(self, conn: psycopg.AsyncConnection[Any]) -> set[int]:
-        await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
-            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-        )
-        cur = await conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        await conn.execute(Q["migrations_create"])
+        cur = await conn.execute(Q["migrations_applied"])
         return {row[0] for row in await cur.fetchall()}
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []
         async with self._pool.connection() as conn, conn.transaction():
-            # One migrator at a time across every host.
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('postlane_migrate'))")
+            await conn.execute(Q["migrate_lock"])  # one migrator at a time
             done = await self._applied(conn)
             for migration in migrations.load(self.engine):
                 if migration.version in done:
                     continue
                 await conn.execute(migration.sql.encode())
-                await conn.execute(
-                    f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name) VALUES (%s, %s)",
-                    (migration.version, migration.name),
-                )
+                await conn.execute(Q["migration_record"],
+                                   (migration.version, migration.name))
                 applied.append(migration.label)
         return applied
 
     async def pending_migrations(self) -> list[str]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", (migrations.MIGRATIONS_TABLE,)
-            )
+            cur = await conn.execute(Q["migrations_table_exists"],
+                                     (migrations.MIGRATIONS_TABLE,))
             row = await cur.fetchone()
             done: set[int] = set()
             if row and row[0]:
-                cur = await conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+                cur = await conn.execute(Q["migrations_applied"])
                 done = {r[0] for r in await cur.fetchall()}
         return [m.label for m in migrations.load(self.engine) if m.version not in done]
 
@@ -178,7 +165,7 @@ class PostgresBase(Store):
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, **self._connect_kwargs)
                 async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(Q["listen"])
                     self._wakeup.set()  # anything enqueued while we were not listening
                     async for _ in conn.notifies():
                         self._wakeup.set()

@@ -25,47 +25,16 @@ from postlane.core.records import TemplateVersion
 from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_ASYNCPG, INSERT_PG, rows_for
 from postlane.store.base import enqueue_results, json_text
-from postlane.store.postgres._producing import (
-    _DELIVERY_COLS,
-    _MESSAGE_COLS,
-    _RESERVE_IDS,
-    HELD_BY_KEYS,
-    INSERT_ONE,
-)
-from postlane.store.postgres._templates import TemplatesMixin
+from postlane.store.postgres._base import Q
+from postlane.store.postgres._producing import INSERT_ONE
 
-# The batch as parallel arrays, one per column; the JSON columns travel as text.
+# The batch as parallel arrays, one per column, in ``insert_unnest``'s order (a test holds
+# them to it).
 _UNNEST_COLUMNS = (
-    ("id", "bigint"), ("key", "text"), ("lane", "text"), ("channel", "text"),
-    ("recipient", "text"), ("sender", "text"), ("subject", "text"), ("text", "text"),
-    ("html", "text"), ("headers", "text"), ("metadata", "text"), ("import_id", "text"),
-    ("template_id", "text"), ("template_version", "int"), ("delay_s", "float8"),
-    ("expires_at", "timestamptz"), ("expires_in_s", "float8"),
+    "id", "key", "lane", "channel", "recipient", "sender", "subject", "text", "html",
+    "headers", "metadata", "import_id", "template_id", "template_version", "delay_s",
+    "expires_at", "expires_in_s",
 )
-INSERT_UNNEST = f"""
-WITH r AS (
-    SELECT * FROM unnest({", ".join(f"%({name})s::{kind}[]" for name, kind in _UNNEST_COLUMNS)})
-         AS r({", ".join(name for name, _ in _UNNEST_COLUMNS)})
-), msg AS (
-    INSERT INTO postlane_messages ({_MESSAGE_COLS})
-    SELECT r.id, r.key, r.recipient, r.sender, r.subject, r.text, r.html, r.headers::jsonb,
-           r.metadata::jsonb, r.template_id, r.template_version, NULL::text
-    FROM r
-    ORDER BY r.key COLLATE "C"
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key
-), ins AS (
-    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
-    SELECT r.id, r.lane, r.channel, r.import_id, now() + make_interval(secs => r.delay_s),
-           COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
-    FROM r JOIN msg ON msg.id = r.id
-    RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
-)
-SELECT id, idempotency_key FROM msg
-"""
 _NOT_VISIBLE = ("key {key!r} conflicts with a row this transaction cannot see (is it "
                 "REPEATABLE READ or SERIALIZABLE?); retry the transaction")
 _PARAMETER = re.compile(r"%\((\w+)\)s|%s")
@@ -103,9 +72,9 @@ def _params(message: Message) -> dict[str, Any]:
 
 
 def _batch(ids: dict[str, int], first: dict[str, Message]) -> dict[str, list[Any]]:
-    """``INSERT_UNNEST``'s arrays, in key order."""
+    """``insert_unnest``'s arrays, in key order."""
     rows = [{**_params(first[key]), "id": ids[key]} for key in sorted(first)]
-    return {name: [row[name] for row in rows] for name, _ in _UNNEST_COLUMNS}
+    return {name: [row[name] for row in rows] for name in _UNNEST_COLUMNS}
 
 
 def _held(rows: Sequence[Sequence[Any]]) -> list[Held]:
@@ -130,7 +99,7 @@ def psycopg2_insert_one(conn: Any, message: Message) -> EnqueueResult:
                 if message.attachments:
                     cur.executemany(INSERT_PG, rows_for([message], [result]))
                 return result
-            cur.execute(HELD_BY_KEYS, ([message.key],))
+            cur.execute(Q["held_by_keys"], ([message.key],))
             held = _held(cur.fetchall())
             if held:
                 _existing({message.key: message}, held)
@@ -144,14 +113,14 @@ def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[Enqueue
         return []
     first = first_by_key(messages)
     with conn.cursor() as cur:
-        cur.execute(_RESERVE_IDS, (len(first),))
+        cur.execute(Q["reserve_ids"], (len(first),))
         ids = dict(zip(first, sorted(cur.fetchone()[1]), strict=True))
-        cur.execute(INSERT_UNNEST, _batch(ids, first))
+        cur.execute(Q["insert_unnest"], _batch(ids, first))
         created = {key: id_ for id_, key in cur.fetchall()}
         missing = [key for key in first if key not in created]
         existing: dict[str, int] = {}
         if missing:
-            cur.execute(HELD_BY_KEYS, (missing,))
+            cur.execute(Q["held_by_keys"], (missing,))
             existing = _existing(first, _held(cur.fetchall()))
         results = enqueue_results(messages, created, existing)
         attachment_rows = rows_for(messages, results)
@@ -163,8 +132,7 @@ def psycopg2_insert_many(conn: Any, messages: Sequence[Message]) -> list[Enqueue
 def psycopg2_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:
     """The template read (share-locked until the caller's transaction ends)."""
     with conn.cursor() as cur:
-        cur.execute(TemplatesMixin._GET_TEMPLATE_FOR_ENQUEUE,
-                    {"name": name, "version": version})
+        cur.execute(Q["get_template_for_enqueue"], {"name": name, "version": version})
         row = cur.fetchone()
     return TemplateVersion(*row) if row else None
 
@@ -186,7 +154,7 @@ async def asyncpg_insert_one(conn: Any, message: Message) -> EnqueueResult:
             if message.attachments:
                 await conn.executemany(INSERT_ASYNCPG, rows_for([message], [result]))
             return result
-        held = _held(await _fetch(conn, HELD_BY_KEYS, ([message.key],)))
+        held = _held(await _fetch(conn, Q["held_by_keys"], ([message.key],)))
         if held:
             _existing({message.key: message}, held)
             return EnqueueResult(held[0].id, message.key, created=False)
@@ -201,13 +169,13 @@ async def asyncpg_insert_many(conn: Any, messages: Sequence[Message]) -> list[En
         async with conn.transaction():
             return await asyncpg_insert_many(conn, messages)
     first = first_by_key(messages)
-    reserved = await _fetch(conn, _RESERVE_IDS, (len(first),))
+    reserved = await _fetch(conn, Q["reserve_ids"], (len(first),))
     ids = dict(zip(first, sorted(reserved[0][1]), strict=True))
-    created = {key: id_ for id_, key in await _fetch(conn, INSERT_UNNEST, _batch(ids, first))}
+    created = {key: id_ for id_, key in await _fetch(conn, Q["insert_unnest"], _batch(ids, first))}
     missing = [key for key in first if key not in created]
     existing: dict[str, int] = {}
     if missing:
-        existing = _existing(first, _held(await _fetch(conn, HELD_BY_KEYS, (missing,))))
+        existing = _existing(first, _held(await _fetch(conn, Q["held_by_keys"], (missing,))))
     results = enqueue_results(messages, created, existing)
     attachment_rows = rows_for(messages, results)
     if attachment_rows:
@@ -216,6 +184,6 @@ async def asyncpg_insert_many(conn: Any, messages: Sequence[Message]) -> list[En
 
 
 async def asyncpg_template(conn: Any, name: str, version: int | None) -> TemplateVersion | None:
-    rows = await _fetch(conn, TemplatesMixin._GET_TEMPLATE_FOR_ENQUEUE,
+    rows = await _fetch(conn, Q["get_template_for_enqueue"],
                         {"name": name, "version": version})
     return TemplateVersion(*rows[0]) if rows else None

@@ -8,7 +8,7 @@ from typing import Any
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.records import ApiKey
 from postlane.core.validation import validate
-from postlane.store.postgres._base import PostgresBase
+from postlane.store.postgres._base import PostgresBase, Q
 from postlane.store.postgres._producing import enqueue_on_connection
 
 
@@ -22,13 +22,10 @@ class HttpApiMixin(PostgresBase):
             result = await enqueue_on_connection(conn, message, producer,
                                                  compare_content=False)
             if result.created:
-                await conn.execute(
-                    "UPDATE postlane_messages SET request_hash = %s WHERE id = %s",
-                    (request_hash, result.id))
+                await conn.execute(Q["set_request_hash"], (request_hash, result.id))
                 stored: str | None = request_hash
             else:
-                cur = await conn.execute(
-                    "SELECT request_hash FROM postlane_messages WHERE id = %s", (result.id,))
+                cur = await conn.execute(Q["request_hash"], (result.id,))
                 row = await cur.fetchone()
                 stored = row[0] if row else None
         self._wakeup.set()
@@ -38,10 +35,8 @@ class HttpApiMixin(PostgresBase):
         self, name: str, prefix: str, token_hash: str, scopes: Sequence[str]
     ) -> ApiKey:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "INSERT INTO postlane_api_keys (name, prefix, token_hash, scopes) "
-                f"VALUES (%s, %s, %s, %s) RETURNING {_API_KEY_COLS}",
-                (name, prefix, token_hash, ",".join(scopes)))
+            cur = await conn.execute(Q["create_api_key"],
+                                     (name, prefix, token_hash, ",".join(scopes)))
             row = await cur.fetchone()
         assert row is not None
         return _api_key(row)
@@ -49,35 +44,27 @@ class HttpApiMixin(PostgresBase):
     async def get_api_key(
         self, *, key_id: int | None = None, token_hash: str | None = None
     ) -> ApiKey | None:
-        column, value = ("id", key_id) if key_id is not None else ("token_hash", token_hash)
+        sql, value = ((Q["api_key_by_id"], key_id) if key_id is not None
+                      else (Q["api_key_by_token_hash"], token_hash))
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys WHERE {column} = %s", (value,))
+            cur = await conn.execute(sql, (value,))
             row = await cur.fetchone()
         return _api_key(row) if row else None
 
     async def list_api_keys(self) -> list[ApiKey]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys ORDER BY id")
+            cur = await conn.execute(Q["list_api_keys"])
             return [_api_key(row) for row in await cur.fetchall()]
 
     async def revoke_api_key(self, key_id: int) -> bool:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE postlane_api_keys SET revoked_at = now() "
-                "WHERE id = %s AND revoked_at IS NULL RETURNING id", (key_id,))
+            cur = await conn.execute(Q["revoke_api_key"], (key_id,))
             return await cur.fetchone() is not None
 
     async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "UPDATE postlane_api_keys SET sessions_after = GREATEST(%s, "
-                "COALESCE(sessions_after, 0)) WHERE id = %s RETURNING id", (before, key_id))
+            cur = await conn.execute(Q["end_api_key_sessions"], (before, key_id))
             return await cur.fetchone() is not None
-
-
-_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at, sessions_after"
 
 
 def _api_key(row: Sequence[Any]) -> ApiKey:

@@ -17,95 +17,17 @@ from postlane.core.producers import Held, check_held, first_by_key, held_from_ro
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_PG, rows_for
-from postlane.store.base import HELD_COLUMNS, HELD_FROM, enqueue_results, json_text
+from postlane.store.base import enqueue_results, json_text
 from postlane.store.migrations import not_migrated
-from postlane.store.postgres._base import PostgresBase
+from postlane.store.postgres._base import PostgresBase, Q
 
-# The message (written once) and the delivery's narrow row (rewritten by every transition)
-# share the id, taken from the deliveries' sequence. The message goes first: its unique key
-# decides whether there is a delivery to create at all.
-_MESSAGE_COLS = (
-    "id, idempotency_key, recipient, sender, subject, text_body, html_body, headers, "
-    "metadata, template_id, template_version, producer"
-)
-_DELIVERY_COLS = "id, lane, channel, import_id, run_at, expires_at"
-_NEXT_ID = "nextval('postlane_deliveries_id_seq')"
-INSERT_ONE = f"""
-WITH msg AS (
-    INSERT INTO postlane_messages ({_MESSAGE_COLS})
-    VALUES (__ID__, %(key)s, %(recipient)s, %(sender)s, %(subject)s, %(text)s, %(html)s,
-            %(headers)s, %(metadata)s, %(template_id)s, %(template_version)s, %(producer)s)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id
-), ins AS (
-    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
-    SELECT id, %(lane)s, %(channel)s, %(import_id)s,
-           now() + make_interval(secs => %(delay_s)s::float8),
-           COALESCE(%(expires_at)s::timestamptz,
-                    now() + make_interval(secs => %(expires_in_s)s::float8))
-    FROM msg
-    RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
-)
-SELECT id FROM ins
-"""
+INSERT_ONE = Q["insert_one"].replace("__ID__", Q["next_delivery_id"])
+"""Insert-or-find one message (the outbox's statement, on every driver)."""
 # The synchronous bulk form's insert: INSERT_ONE with an id reserved in input order.
-_INSERT_ONE_WITH_ID = INSERT_ONE.replace("__ID__", "%(id)s")
-INSERT_ONE = INSERT_ONE.replace("__ID__", _NEXT_ID)
-HELD_BY_KEYS = f"SELECT {HELD_COLUMNS} FROM {HELD_FROM} WHERE m.idempotency_key = ANY(%s)"
-
-# A batch's rows as both ways below write them: ids and times already set. The first
-# _MESSAGE_WIDTH fields are the message's, then the delivery's (without the id again).
-_ROW_COLS = (
-    "id, idempotency_key, recipient, sender, subject, text_body, html_body, headers, "
-    "metadata, template_id, template_version, producer, lane, channel, import_id, run_at, "
-    "expires_at"
-)
+_INSERT_ONE_WITH_ID = Q["insert_one"].replace("__ID__", "%(id)s")
+# A batch's rows (``_row``) as both ways below write them: the first _MESSAGE_WIDTH fields
+# are the message's, then the delivery's (without the id again); see ``copy_staging``.
 _MESSAGE_WIDTH = 12
-_STAGING = """
-CREATE TEMP TABLE postlane_staging (
-    id BIGINT, idempotency_key TEXT, lane TEXT, channel TEXT, recipient TEXT, sender TEXT,
-    subject TEXT, text_body TEXT, html_body TEXT, headers JSONB, metadata JSONB, import_id TEXT,
-    template_id TEXT, template_version INTEGER, producer TEXT, run_at TIMESTAMPTZ,
-    expires_at TIMESTAMPTZ
-) ON COMMIT DROP
-"""
-_COPY_STAGING = f"COPY postlane_staging ({_ROW_COLS}) FROM STDIN"
-_INSERT_STAGED = f"""
-WITH msg AS (
-    INSERT INTO postlane_messages ({_MESSAGE_COLS})
-    SELECT {_MESSAGE_COLS} FROM postlane_staging
-    ORDER BY idempotency_key COLLATE "C"  -- the direct COPY's order: see enqueue_many
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key
-), ins AS (
-    INSERT INTO postlane_deliveries ({_DELIVERY_COLS}) OVERRIDING SYSTEM VALUE
-    SELECT s.id, s.lane, s.channel, s.import_id, s.run_at, s.expires_at
-    FROM postlane_staging s JOIN msg ON msg.id = s.id
-    RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
-)
-SELECT id, idempotency_key FROM msg
-"""
-# The direct COPY's ids and clock, in one round trip. ``now()`` is the transaction's start,
-# so run_at and expires_at computed from it equal what ``now()`` in an INSERT would give:
-# the database clock, not the client's. (The sequence is named as a literal: resolved once
-# at parse time, nextval costs a fifth of what it does through pg_get_serial_sequence.)
-_RESERVE_IDS = """
-SELECT now(), ARRAY(SELECT nextval('postlane_deliveries_id_seq') FROM generate_series(1, %s))
-"""
-# COPY writes given values into the identity column (as OVERRIDING SYSTEM VALUE would).
-_COPY_MESSAGES = f"COPY postlane_messages ({_MESSAGE_COLS}) FROM STDIN"
-_COPY_DELIVERIES = f"COPY postlane_deliveries ({_DELIVERY_COLS}) FROM STDIN"
-_ENQUEUED_EVENTS = (
-    "INSERT INTO postlane_events (delivery_id, kind, state) "
-    "SELECT unnest(%s::bigint[]), 'enqueued', 'pending'"
-)
-
 
 
 def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
@@ -132,7 +54,7 @@ def message_params(message: Message, producer: str | None = None) -> dict[str, A
 
 
 def _row(id_: int, m: Message, now: datetime, producer: str | None) -> tuple[Any, ...]:
-    """A row of ``_ROW_COLS``; ``now`` is the transaction's ``now()``."""
+    """A row of ``copy_staging``'s columns; ``now`` is the transaction's ``now()``."""
     return (
         id_, m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
         json_text(m.metadata), m.template_id, m.template_version, producer,
@@ -195,7 +117,7 @@ async def enqueue_on_connection(
                     await cur.executemany(INSERT_PG, rows_for([message], [result]))
                 return result
             # The key exists; under READ COMMITTED a fresh statement sees the winner's row.
-            await cur.execute(HELD_BY_KEYS, ([message.key],))
+            await cur.execute(Q["held_by_keys"], ([message.key],))
             held = [held_from_row(r) for r in await cur.fetchall()]
             if held:
                 check_held({message.key: message}, producer, held,
@@ -232,7 +154,7 @@ async def enqueue_many_on_connection(
     async with _atomic(conn), conn.cursor() as cur:
         # The first statement begins the caller's transaction if it has not begun yet, so
         # the savepoint below nests in it.
-        await cur.execute(_RESERVE_IDS, (len(first),))
+        await cur.execute(Q["reserve_ids"], (len(first),))
         row = await cur.fetchone()
         assert row is not None
         now, reserved = row
@@ -240,10 +162,10 @@ async def enqueue_many_on_connection(
         rows = [_row(ids[key], first[key], now, producer) for key in sorted(first)]
         try:
             async with conn.transaction():  # a savepoint: a conflict rolls back to here
-                await _copy(cur, _COPY_MESSAGES, (r[:_MESSAGE_WIDTH] for r in rows))
-                await _copy(cur, _COPY_DELIVERIES,
+                await _copy(cur, Q["copy_messages"], (r[:_MESSAGE_WIDTH] for r in rows))
+                await _copy(cur, Q["copy_deliveries"],
                             ((r[0], *r[_MESSAGE_WIDTH:]) for r in rows))
-                await cur.execute(_ENQUEUED_EVENTS, ([r[0] for r in rows],))
+                await cur.execute(Q["enqueued_events"], ([r[0] for r in rows],))
             created, existing = ids, dict[str, int]()
         except psycopg.errors.UniqueViolation:
             created, held = await _insert_or_find(cur, rows)
@@ -277,17 +199,15 @@ async def _insert_or_find(
     """COPY into a staging table, then one INSERT ... ON CONFLICT DO NOTHING: safe against
     concurrent enqueuers of the same keys, at about half the speed of the direct COPY.
     Returns the keys it created, with their ids, and the deliveries of those that existed."""
-    await cur.execute(_STAGING)
-    await _copy(cur, _COPY_STAGING, rows)
-    await cur.execute(_INSERT_STAGED)
+    await cur.execute(Q["create_staging"])
+    await _copy(cur, Q["copy_staging"], rows)
+    await cur.execute(Q["insert_staged"])
     created = {key: id_ for id_, key in await cur.fetchall()}
-    # ON COMMIT DROP only fires at the caller's commit: drop it now so a second batch
-    # in the same transaction can stage again.
-    await cur.execute("DROP TABLE postlane_staging")
+    await cur.execute(Q["drop_staging"])
     missing = [row[1] for row in rows if row[1] not in created]
     held: list[Held] = []
     if missing:
-        await cur.execute(HELD_BY_KEYS, (missing,))
+        await cur.execute(Q["held_by_keys"], (missing,))
         held = [held_from_row(r) for r in await cur.fetchall()]
     return created, held
 
@@ -306,7 +226,7 @@ def enqueue_on_sync_connection(conn: psycopg.Connection[Any], message: Message,
                 if message.attachments:
                     cur.executemany(INSERT_PG, rows_for([message], [result]))
                 return result
-            cur.execute(HELD_BY_KEYS, ([message.key],))
+            cur.execute(Q["held_by_keys"], ([message.key],))
             held = [held_from_row(r) for r in cur.fetchall()]
             if held:
                 check_held({message.key: message}, producer, held)
@@ -328,7 +248,7 @@ def enqueue_many_on_sync_connection(
     first = first_by_key(messages)
     keys = sorted(first)
     with conn.cursor() as cur:
-        cur.execute(_RESERVE_IDS, (len(first),))
+        cur.execute(Q["reserve_ids"], (len(first),))
         row = cur.fetchone()
         assert row is not None
         ids = dict(zip(first, sorted(row[1]), strict=True))
@@ -345,7 +265,7 @@ def enqueue_many_on_sync_connection(
         missing = [key for key in keys if key not in created]
         existing: dict[str, int] = {}
         if missing:
-            cur.execute(HELD_BY_KEYS, (missing,))
+            cur.execute(Q["held_by_keys"], (missing,))
             held = [held_from_row(r) for r in cur.fetchall()]
             check_held(first, producer, held)
             existing = {row.key: row.id for row in held}

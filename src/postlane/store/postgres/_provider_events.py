@@ -20,14 +20,13 @@ from postlane.core.deliverability import (
 )
 from postlane.core.message import Delivery
 from postlane.core.records import (
-    STATUS_RANK,
     LaneDeliverability,
     ProviderEvent,
     ProviderEventResult,
     Suppression,
     deliverability_from_rows,
 )
-from postlane.store.postgres._base import PostgresBase
+from postlane.store.postgres._base import PostgresBase, Q
 
 
 class ProviderEventsMixin(PostgresBase):
@@ -42,9 +41,7 @@ class ProviderEventsMixin(PostgresBase):
             recipient = event.recipient or (found[2] if found else None)
             address = suppression_address(recipient) if recipient else None
             cur = await conn.execute(
-                "INSERT INTO postlane_provider_events "
-                "(provider, event_id, kind, provider_message_id, delivery_id, recipient, lane) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING event_id",
+                Q["insert_provider_event"],
                 (event.provider, event.event_id, event.kind, event.provider_message_id,
                  delivery_id, address, lane),
             )
@@ -53,25 +50,20 @@ class ProviderEventsMixin(PostgresBase):
             changed = False
             if found is not None:
                 await conn.execute(
-                    "INSERT INTO postlane_events (delivery_id, kind, state, data) "
-                    "VALUES (%s, %s, NULL, %s)",
+                    Q["provider_event_timeline"],
                     (delivery_id, f"provider:{event.kind}",
                      Jsonb({"provider": event.provider, "event_id": event.event_id,
                             **dict(event.data)})),
                 )
-                cur = await conn.execute(
-                    f"UPDATE postlane_deliveries SET provider_status = %(kind)s "
-                    f"WHERE id = %(id)s AND {_rank('provider_status')} < {_rank('%(kind)s')} "
-                    f"RETURNING id", {"kind": event.kind, "id": delivery_id},
-                )
+                cur = await conn.execute(Q["raise_provider_status"],
+                                         {"kind": event.kind, "id": delivery_id})
                 changed = await cur.fetchone() is not None
             if address is None or (found is None and event.lane is None):
                 return ProviderEventResult(False, delivery_id, changed)
             soft = 0
             if counts_soft_bounces(event):
                 cur = await conn.execute(
-                    "SELECT count(*) FROM postlane_provider_events WHERE recipient = %s "
-                    "AND kind = 'soft_bounced' AND received_at > now() - make_interval(secs => %s)",
+                    Q["soft_bounces"],
                     (address, policy.soft_bounce_window.total_seconds()),
                 )
                 soft = int((await cur.fetchone() or (0,))[0])
@@ -92,8 +84,7 @@ class ProviderEventsMixin(PostgresBase):
     async def unsuppress(self, address: str, stream: str | None = None) -> int:
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM postlane_suppressions WHERE address = ANY(%s) "
-                "AND (%s::text IS NULL OR stream = %s)",
+                Q["unsuppress"],
                 (address_spellings(address), stream, stream),
             )
             return cur.rowcount
@@ -103,10 +94,7 @@ class ProviderEventsMixin(PostgresBase):
         spellings = address_spellings(address) if address else None
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT address, stream, reason, delivery_id, created_at, source_event, "
-                "expires_at FROM postlane_suppressions "
-                "WHERE (%s::text[] IS NULL OR address = ANY(%s)) "
-                "ORDER BY created_at DESC LIMIT %s",
+                Q["list_suppressions"],
                 (spellings, spellings, limit),
             )
             return [Suppression(*row) for row in await cur.fetchall()]
@@ -116,11 +104,7 @@ class ProviderEventsMixin(PostgresBase):
             return {}
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                "SELECT t.id, s.reason FROM jsonb_to_recordset(%s::jsonb) "
-                "AS t(id bigint, address text, lane text) "
-                "JOIN postlane_suppressions s ON s.address = t.address "
-                "AND s.stream IN (t.lane, '*') "
-                "AND (s.expires_at IS NULL OR s.expires_at > now())",
+                Q["suppressed_among"],
                 (json.dumps([{"id": d.id, "address": a, "lane": d.lane}
                              for d in deliveries for a in address_spellings(d.recipient)]),),
             )
@@ -128,19 +112,8 @@ class ProviderEventsMixin(PostgresBase):
 
     async def requeue_suppressed(self, address: str) -> list[int]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                """WITH u AS (
-                    UPDATE postlane_deliveries SET state = 'pending', run_at = now(),
-                        finished_at = NULL, updated_at = now()
-                    WHERE state = 'suppressed' AND id IN (
-                        SELECT id FROM postlane_messages
-                        WHERE lower(recipient) = ANY(%(address)s))
-                    RETURNING id
-                ), ev AS (
-                    INSERT INTO postlane_events (delivery_id, kind, state, data)
-                    SELECT id, 'unsuppressed', 'pending', '{}'::jsonb FROM u
-                ) SELECT id FROM u ORDER BY id""", {"address": address_spellings(address)},
-            )
+            cur = await conn.execute(Q["requeue_suppressed"],
+                                     {"address": address_spellings(address)})
             ids = [row[0] for row in await cur.fetchall()]
         self._wakeup.set()
         return ids
@@ -149,25 +122,15 @@ class ProviderEventsMixin(PostgresBase):
     async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
         seconds = window.total_seconds()
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT lane, count(*) FROM postlane_deliveries WHERE state = 'sent' "
-                "AND finished_at > now() - make_interval(secs => %s) GROUP BY lane", (seconds,),
-            )
+            cur = await conn.execute(Q["deliverability_sent"], (seconds,))
             sent = {lane: int(n) for lane, n in await cur.fetchall()}
-            cur = await conn.execute(
-                "SELECT lane, kind, count(*) FROM postlane_provider_events "
-                "WHERE lane IS NOT NULL AND received_at > now() - make_interval(secs => %s) "
-                "GROUP BY lane, kind", (seconds,),
-            )
+            cur = await conn.execute(Q["deliverability_events"], (seconds,))
             events = await cur.fetchall()
         return deliverability_from_rows(self.limits.lanes, sent, events)
 
     async def provider_event_totals(self) -> dict[tuple[str, str], int]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT kind, COALESCE(lane, ''), count(*) FROM postlane_provider_events "
-                "GROUP BY 1, 2"
-            )
+            cur = await conn.execute(Q["provider_event_totals"])
             return {(kind, lane): int(n) for kind, lane, n in await cur.fetchall()}
 
 
@@ -181,11 +144,7 @@ async def _event_delivery(conn: AsyncConnection[Any],
     for column, value in lookups:
         if value is None:
             continue
-        cur = await conn.execute(
-            f"SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
-            f"JOIN postlane_messages m ON m.id = d.id WHERE {column} = %s "
-            f"ORDER BY d.id DESC LIMIT 1", (value,),
-        )
+        cur = await conn.execute(Q["event_delivery"].replace("__COLUMN__", column), (value,))
         row = await cur.fetchone()
         if row is not None:
             return int(row[0]), str(row[1]), str(row[2])
@@ -198,25 +157,9 @@ async def _upsert_suppression(conn: AsyncConnection[Any], address: str, stream: 
     """Add a suppression, or replace one that ends sooner (an expired one, or a soft-bounce
     entry that a hard bounce makes permanent); True when something was written."""
     cur = await conn.execute(
-        """INSERT INTO postlane_suppressions
-               (address, stream, reason, delivery_id, source_event, expires_at)
-           VALUES (%(address)s, %(stream)s, %(reason)s, %(delivery)s, %(source)s,
-                   now() + make_interval(secs => %(seconds)s))
-           ON CONFLICT (address, stream) DO UPDATE SET reason = EXCLUDED.reason,
-               delivery_id = EXCLUDED.delivery_id, source_event = EXCLUDED.source_event,
-               expires_at = EXCLUDED.expires_at, created_at = now()
-           WHERE postlane_suppressions.expires_at IS NOT NULL
-             AND (EXCLUDED.expires_at IS NULL
-                  OR EXCLUDED.expires_at > postlane_suppressions.expires_at)
-           RETURNING address""",
+        Q["upsert_suppression"],
         {"address": address, "stream": stream, "reason": reason, "delivery": delivery_id,
          "source": source_event,
          "seconds": None if expires_in is None else expires_in.total_seconds()},
     )
     return await cur.fetchone() is not None
-
-
-def _rank(expression: str) -> str:
-    """SQL for STATUS_RANK of an expression (-1 when NULL or unknown)."""
-    cases = " ".join(f"WHEN '{k}' THEN {v}" for k, v in STATUS_RANK.items())
-    return f"(CASE {expression} {cases} ELSE -1 END)"

@@ -5,16 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from postlane.core.records import Route
-from postlane.store.postgres._base import PostgresBase
-
-_RECORD = """
-INSERT INTO postlane_delivery_routes (delivery_id, provider, attempt, pinned)
-SELECT * FROM unnest(%(ids)s::bigint[], %(providers)s::text[], %(attempts)s::int[],
-                     %(pinned)s::bool[])
-ON CONFLICT (delivery_id) DO UPDATE SET
-    provider = excluded.provider, attempt = excluded.attempt, pinned = excluded.pinned,
-    updated_at = now()
-"""
+from postlane.store.postgres._base import PostgresBase, Q
 
 
 class RoutesMixin(PostgresBase):
@@ -22,15 +13,13 @@ class RoutesMixin(PostgresBase):
         if not ids:
             return {}
         async with self._pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT delivery_id, provider, attempt, pinned FROM postlane_delivery_routes "
-                "WHERE delivery_id = ANY(%s::bigint[])", (list(ids),))
+            cur = await conn.execute(Q["delivery_routes"], (list(ids),))
             return {r[0]: Route(r[0], r[1], r[2], r[3]) for r in await cur.fetchall()}
 
     async def record_routes(self, routes: Sequence[Route]) -> None:
         if not routes:
             return
         async with self._pool.connection() as conn:
-            await conn.execute(_RECORD, {
+            await conn.execute(Q["record_routes"], {
                 "ids": [r.delivery_id for r in routes], "providers": [r.provider for r in routes],
                 "attempts": [r.attempt for r in routes], "pinned": [r.pinned for r in routes]})
