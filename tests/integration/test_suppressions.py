@@ -199,3 +199,46 @@ async def test_status_shows_the_rates_per_lane_and_marks_what_a_provider_would_a
     figures = json.loads(as_json.output)["deliverability"]
     assert figures["lanes"]["bulk"]["bounce_rate"] == 0.1
     assert figures["bounce_rate_limit"] == 0.05 and figures["window_s"] == 86400
+
+
+async def test_a_claims_hints_never_skip_a_suppressed_address_or_stored_parts(
+    store: Store,
+) -> None:
+    """The claim may tell the worker to skip the suppression check or the read of parts
+    (``Delivery.may_be_suppressed``, ``has_attachments``). A hint may only ever say "look":
+    every address the exact check suppresses, in any spelling or case, and every delivery
+    with parts must be marked; a plain one is left unmarked where the engine gives hints."""
+    from postlane.core.attachments import Attachment
+
+    await store.suppress("gone@example.com", "*", "hard_bounce")
+    await store.suppress("anna@xn--bcher-kva.de", "bulk", "complaint")
+    addresses = {
+        "plain": "someone@example.com",
+        "suppressed": "gone@example.com",
+        "suppressed-upper": "Gone@EXAMPLE.com",
+        "suppressed-unicode": "anna@bücher.de",
+        "suppressed-punycode": "ANNA@xn--bcher-kva.de",
+        "unicode-plain": "otto@bücher.de",
+    }
+    for name, address in addresses.items():
+        await store.enqueue(Message(key=f"hint:{name}", to=address, subject="s", text="t",
+                                    lane="bulk"))
+    await store.enqueue(Message(key="hint:parts", to="parts@example.com", subject="s",
+                                text="t", lane="bulk",
+                                attachments=(Attachment("a.txt", b"x", "text/plain"),)))
+    claimed = await store.claim_batch("bulk", 50, "w", timedelta(minutes=1))
+    by_key = {d.key: d for d in claimed}
+    assert len(by_key) == len(addresses) + 1
+    exact = await store.suppressed_among(claimed)
+    assert {by_key[k].id for k in by_key if k.startswith("hint:suppressed")} == set(exact)
+    for delivery in claimed:
+        if delivery.id in exact:
+            assert delivery.may_be_suppressed, delivery.key
+    assert by_key["hint:unicode-plain"].may_be_suppressed  # not ASCII: checked exactly
+    assert by_key["hint:parts"].has_attachments is not False
+    parts = await store.attachments_among([d.id for d in claimed])
+    assert set(parts) == {by_key["hint:parts"].id}
+    if store.engine == "postgres":  # the engine that gives hints: plain rows are skipped
+        assert not by_key["hint:plain"].may_be_suppressed
+        assert by_key["hint:plain"].has_attachments is False
+        assert by_key["hint:parts"].has_attachments is True
