@@ -21,9 +21,10 @@ from postlane.store.sqlite._base import (
     _TIME_COLUMNS,
     NOW,
     ROWS,
-    SQLiteBase,
+    SQLiteEngine,
     _iso,
     _read,
+    tolerating_bad_text,
 )
 
 # -- the worker's path: one statement per batch, the batch as one JSON array -------------
@@ -78,51 +79,48 @@ FROM json_each(?)
 """
 
 
-class ClaimsMixin(SQLiteBase):
-    async def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
+class ClaimsMixin(SQLiteEngine):
+    def attachments_among(self, ids: Sequence[int]) -> dict[int, tuple[Attachment, ...]]:
         if not ids:
             return {}
-        batch = json.dumps(list(ids))
-        return await self._run(lambda: parts_by_delivery(
-            self.conn.execute(SELECT_SQLITE, (batch,)).fetchall()))
+        return parts_by_delivery(
+            self.conn.execute(SELECT_SQLITE, (json.dumps(list(ids)),)).fetchall())
 
     # -- the worker's path -----------------------------------------------------------------
-    async def claim_batch(
+    @tolerating_bad_text
+    def claim_batch(
         self, lane: str, limit: int, owner: str, lease: timedelta,
         exclude_imports: Sequence[str] = (), channel: str = EMAIL,
     ) -> list[Delivery]:
         excluded = json.dumps(list(exclude_imports))
-
-        def _claim() -> list[Delivery]:
-            with self._write() as conn:
-                rows = conn.execute(
-                    f"""
-                    UPDATE postlane_deliveries
-                    SET state = 'sending', lease_owner = :owner,
-                        lease_expires_at = {NOW} + :lease_s, claims = claims + 1,
-                        attempt_started_at = NULL, updated_at = {NOW}
-                    WHERE id IN (
-                        SELECT id FROM postlane_deliveries
-                        WHERE state = 'pending' AND lane = :lane AND channel = :channel
-                          AND run_at <= {NOW}
-                          AND (import_id IS NULL OR import_id NOT IN
-                               (SELECT value FROM json_each(:excluded)))
-                        ORDER BY run_at, id LIMIT :limit)
-                    RETURNING id, claims
-                    """,
-                    {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
-                     "channel": channel, "limit": limit, "excluded": excluded},
-                ).fetchall()
-                conn.execute(_INSERT_EVENTS, (json.dumps([
-                    (id_, "claimed", "sending", {"owner": owner, "claim": claims})
-                    for id_, claims in rows]),))
-                # The update rewrote only the narrow rows; the messages are read here.
-                rows = conn.execute(
-                    f"SELECT {_COLS} FROM {ROWS} WHERE id IN "
-                    "(SELECT value FROM json_each(?)) ORDER BY run_at, id",
-                    (json.dumps([r[0] for r in rows]),)).fetchall()
-            return [_read(self.conn, r) for r in rows]
-        return await self._run(self._tolerating_bad_text, _claim)
+        with self._write() as conn:
+            rows = conn.execute(
+                f"""
+                UPDATE postlane_deliveries
+                SET state = 'sending', lease_owner = :owner,
+                    lease_expires_at = {NOW} + :lease_s, claims = claims + 1,
+                    attempt_started_at = NULL, updated_at = {NOW}
+                WHERE id IN (
+                    SELECT id FROM postlane_deliveries
+                    WHERE state = 'pending' AND lane = :lane AND channel = :channel
+                      AND run_at <= {NOW}
+                      AND (import_id IS NULL OR import_id NOT IN
+                           (SELECT value FROM json_each(:excluded)))
+                    ORDER BY run_at, id LIMIT :limit)
+                RETURNING id, claims
+                """,
+                {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
+                 "channel": channel, "limit": limit, "excluded": excluded},
+            ).fetchall()
+            conn.execute(_INSERT_EVENTS, (json.dumps([
+                (id_, "claimed", "sending", {"owner": owner, "claim": claims})
+                for id_, claims in rows]),))
+            # The update rewrote only the narrow rows; the messages are read here.
+            rows = conn.execute(
+                f"SELECT {_COLS} FROM {ROWS} WHERE id IN "
+                "(SELECT value FROM json_each(?)) ORDER BY run_at, id",
+                (json.dumps([r[0] for r in rows]),)).fetchall()
+        return [_read(self.conn, r) for r in rows]
 
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
                      extra: dict[str, Any]) -> set[int]:
@@ -132,49 +130,44 @@ class ClaimsMixin(SQLiteBase):
                 **extra}).fetchall()
         return {row[0] for row in rows}
 
-    async def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
+    def start_attempts(self, owner: str, claims: Sequence[Claim]) -> set[int]:
         if not claims:
             return set()
-        return await self._run(self._guarded_ids, _START, owner, claims, {})
+        return self._guarded_ids(_START, owner, claims, {})
 
-    async def renew_leases(
-        self, owner: str, claims: Sequence[Claim], lease: timedelta
-    ) -> set[int]:
+    def renew_leases(self, owner: str, claims: Sequence[Claim], lease: timedelta) -> set[int]:
         if not claims:
             return set()
-        return await self._run(
-            self._guarded_ids, _RENEW, owner, claims, {"lease_s": lease.total_seconds()}
-        )
+        return self._guarded_ids(_RENEW, owner, claims, {"lease_s": lease.total_seconds()})
 
-    async def set_state_if_sending_many(
+    @tolerating_bad_text
+    def set_state_if_sending_many(
         self, owner: str, transitions: Sequence[Transition]
     ) -> set[int]:
         if not transitions:
             return set()
-        return await self._run(self._tolerating_bad_text, self._set_state_many, owner,
-                               transitions)
+        return self._set_state_many(owner, transitions)
 
-    async def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
+    @tolerating_bad_text
+    def set_state_if_ambiguous_many(self, transitions: Sequence[Transition]) -> set[int]:
         if not transitions:
             return set()
-        return await self._run(self._tolerating_bad_text, self._set_state_many, None,
-                               transitions)
+        return self._set_state_many(None, transitions)
 
-    async def list_ambiguous(
+    @tolerating_bad_text
+    def list_ambiguous(
         self, limit: int = 100, lanes: Sequence[str] | None = None,
         channel: str | None = None,
     ) -> list[Delivery]:
-        def _list() -> list[Delivery]:
-            rows = self.conn.execute(
-                f"SELECT {_COLS} FROM {ROWS} WHERE state = 'ambiguous' "
-                "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
-                "AND (:channel IS NULL OR channel = :channel) "
-                "ORDER BY updated_at, id LIMIT :limit",
-                {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit,
-                 "channel": channel},
-            ).fetchall()
-            return [_read(self.conn, r) for r in rows]
-        return await self._run(self._tolerating_bad_text, _list)
+        rows = self.conn.execute(
+            f"SELECT {_COLS} FROM {ROWS} WHERE state = 'ambiguous' "
+            "AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes))) "
+            "AND (:channel IS NULL OR channel = :channel) "
+            "ORDER BY updated_at, id LIMIT :limit",
+            {"lanes": None if lanes is None else json.dumps(list(lanes)), "limit": limit,
+             "channel": channel},
+        ).fetchall()
+        return [_read(self.conn, r) for r in rows]
 
     def _set_state_many(
         self, owner: str | None, transitions: Sequence[Transition]
@@ -227,44 +220,42 @@ class ClaimsMixin(SQLiteBase):
              json.dumps(history)),
         )
 
-    async def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
-        def _rescue() -> RescueResult:
-            requeued, ambiguous = [], []
-            with self._write() as conn:
-                rows = conn.execute(
-                    f"SELECT id, lease_owner, attempt_started_at IS NOT NULL "
-                    f"FROM postlane_deliveries WHERE state = 'sending' "
-                    f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at LIMIT ?", (limit,)
-                ).fetchall()
-                for id_, owner, started in rows:
-                    detail: dict[str, Any] = {"owner": owner, "attempt_started": bool(started)}
-                    if started:
-                        attempts = conn.execute(
-                            f"UPDATE postlane_deliveries SET state = 'ambiguous', "
-                            f"attempts = attempts + 1, last_error = ?, lease_owner = NULL, "
-                            f"lease_expires_at = NULL, attempt_started_at = NULL, "
-                            f"updated_at = {NOW} WHERE id = ? RETURNING attempts",
-                            ("lease expired after the attempt started; the provider may have "
-                             "accepted it", id_),
-                        ).fetchone()[0]
-                        # Part of the attempt history, as an ambiguous attempt.
-                        detail.update(outcome="ambiguous", attempt=attempts,
-                                      response="lease expired after the attempt started")
-                        ambiguous.append(id_)
-                    else:
-                        conn.execute(
-                            f"UPDATE postlane_deliveries SET state = 'pending', "
-                            f"lease_owner = NULL, lease_expires_at = NULL, "
-                            f"attempt_started_at = NULL, updated_at = {NOW} WHERE id = ?",
-                            (id_,),
-                        )
-                        requeued.append(id_)
-                    conn.execute(_INSERT_EVENT, (
-                        id_, "lease_expired", "ambiguous" if started else "pending",
-                        json.dumps(detail),
-                    ))
-            return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
-        return await self._run(_rescue)
+    def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
+        requeued, ambiguous = [], []
+        with self._write() as conn:
+            rows = conn.execute(
+                f"SELECT id, lease_owner, attempt_started_at IS NOT NULL "
+                f"FROM postlane_deliveries WHERE state = 'sending' "
+                f"AND lease_expires_at < {NOW} ORDER BY lease_expires_at LIMIT ?", (limit,)
+            ).fetchall()
+            for id_, owner, started in rows:
+                detail: dict[str, Any] = {"owner": owner, "attempt_started": bool(started)}
+                if started:
+                    attempts = conn.execute(
+                        f"UPDATE postlane_deliveries SET state = 'ambiguous', "
+                        f"attempts = attempts + 1, last_error = ?, lease_owner = NULL, "
+                        f"lease_expires_at = NULL, attempt_started_at = NULL, "
+                        f"updated_at = {NOW} WHERE id = ? RETURNING attempts",
+                        ("lease expired after the attempt started; the provider may have "
+                         "accepted it", id_),
+                    ).fetchone()[0]
+                    # Part of the attempt history, as an ambiguous attempt.
+                    detail.update(outcome="ambiguous", attempt=attempts,
+                                  response="lease expired after the attempt started")
+                    ambiguous.append(id_)
+                else:
+                    conn.execute(
+                        f"UPDATE postlane_deliveries SET state = 'pending', "
+                        f"lease_owner = NULL, lease_expires_at = NULL, "
+                        f"attempt_started_at = NULL, updated_at = {NOW} WHERE id = ?",
+                        (id_,),
+                    )
+                    requeued.append(id_)
+                conn.execute(_INSERT_EVENT, (
+                    id_, "lease_expired", "ambiguous" if started else "pending",
+                    json.dumps(detail),
+                ))
+        return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
 
 
 def _kept(column: str, value: Any) -> Any:

@@ -15,7 +15,7 @@ from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_SQLITE, rows_for
 from postlane.store.base import HELD_COLUMNS, HELD_FROM, enqueue_results, json_text
 from postlane.store.migrations import not_migrated
-from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
+from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteEngine
 
 # The message first: its unique key decides whether there is a delivery to create, and its
 # id (AUTOINCREMENT: never reused) becomes the delivery's. Writers are serialised, so
@@ -176,25 +176,19 @@ def write_attachments(conn: sqlite3.Connection, messages: Sequence[Message],
         conn.cursor().executemany(INSERT_SQLITE, rows)
 
 
-class ProducingMixin(SQLiteBase):
+class ProducingMixin(SQLiteEngine):
     # -- producing -------------------------------------------------------------------------
-    async def enqueue(self, message: Message) -> EnqueueResult:
+    def enqueue(self, message: Message) -> EnqueueResult:
         validate(message, self.limits)
-
-        def _enqueue() -> EnqueueResult:
-            with self._write() as conn:
-                return insert_one(conn, message)
-        result = await self._run(_enqueue)
-        self._wakeup.set()
+        with self._write() as conn:
+            result = insert_one(conn, message)
+        self.wake()
         return result
 
-    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+    def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
         for message in messages:
             validate(message, self.limits)
-
-        def _enqueue_many() -> list[EnqueueResult]:
-            with self._write() as conn:
-                return insert_many(conn, messages)
-        results = await self._run(_enqueue_many)
-        self._wakeup.set()
+        with self._write() as conn:
+            results = insert_many(conn, messages)
+        self.wake()
         return results
