@@ -17,7 +17,7 @@ from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
-from postlane.store import migrations
+from postlane.store import migrations, queries
 from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS
 from postlane.store.machine import TERMINAL_SQL
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
@@ -35,10 +35,20 @@ _TIME_COLUMNS = frozenset({
 })
 _TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
 
-_INSERT_EVENT = (
-    f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
-    f"VALUES (?, {NOW}, ?, ?, ?)"
-)
+_LOAD_MARKERS = {"__NOW__": NOW, "__DELIVERY_COLUMNS__": _COLS}
+
+
+def _filled(sql: str) -> str:
+    for marker, text in _LOAD_MARKERS.items():
+        sql = sql.replace(marker, text)
+    return sql
+
+
+Q = {name: _filled(sql) for name, sql in queries.load("sqlite").items()}
+"""Every statement this engine runs, by name (``sql/sqlite/queries.sql``), with SQLite's
+clock and the delivery columns filled in."""
+
+_INSERT_EVENT = Q["insert_event"]
 
 
 @contextmanager
@@ -117,15 +127,12 @@ class SQLiteEngine:
 
     def data_version(self) -> int:
         """Changes when another connection commits (``wait_for_work`` polls it)."""
-        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+        return int(self.conn.execute(Q["data_version"]).fetchone()[0])
 
     # -- migrations ------------------------------------------------------------------------
     def _applied(self) -> set[int]:
-        self.conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
-            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        rows = self.conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        self.conn.execute(Q["migrations_table"])
+        rows = self.conn.execute(Q["migrations_applied"])
         return {r[0] for r in rows}
 
     def migrate(self) -> list[str]:
@@ -149,20 +156,16 @@ class SQLiteEngine:
             # It records itself first: a concurrent migrator that applied it since we
             # read ``done`` makes that INSERT fail, and we roll back and move on.
             try:
-                self.conn.executescript(
-                    "BEGIN IMMEDIATE;\n"
-                    f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
-                    f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
-                    f"{migration.sql}\n"
-                    "COMMIT;"
-                )
+                record = (Q["migration_record"].replace("__VERSION__", str(migration.version))
+                          .replace("__NAME__", migration.name))
+                self.conn.executescript(f"BEGIN IMMEDIATE;\n{record}{migration.sql}\nCOMMIT;")
             except sqlite3.Error:
                 if self.conn.in_transaction:
                     self.conn.execute("ROLLBACK")
                 if migration.version in self._applied():
                     continue
                 raise
-            broken = self.conn.execute("PRAGMA foreign_key_check").fetchall()
+            broken = self.conn.execute(Q["foreign_key_check"]).fetchall()
             if broken:
                 raise StoreError(f"migration {migration.label} left rows whose foreign "
                                  f"keys point nowhere: {broken[:5]}")
@@ -170,10 +173,7 @@ class SQLiteEngine:
         return applied
 
     def pending_migrations(self) -> list[str]:
-        exists = self.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-            (migrations.MIGRATIONS_TABLE,),
-        ).fetchone()
+        exists = self.conn.execute(Q["migrations_table_exists"]).fetchone()
         done = self._applied() if exists else set()
         return [m.label for m in migrations.load(self.engine) if m.version not in done]
 
