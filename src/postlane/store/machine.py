@@ -17,6 +17,10 @@ from postlane.core.states import TERMINAL_STATES, State
 TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 """The terminal states as an SQL list, for ``state IN {{terminal}}``."""
 
+SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+"""SQLite's clock as REAL unix seconds, for ``{{now}}``: PostgreSQL has ``now()``; SQLite
+computes it from ``julianday('now')``, which is fixed within a statement."""
+
 # -- rescue: a lease that expired ------------------------------------------------------------
 RESCUE_STARTED_ERROR = ("lease expired after the attempt started; the provider may have "
                         "accepted it")
@@ -58,7 +62,15 @@ def attempt_history(events: Iterable[Mapping[str, Any]],
 
 def sql_fragments(engine: str) -> dict[str, str]:
     """What a ``{{name}}`` in ``sql/<engine>/queries.sql`` stands for (``store.queries``)."""
+    # store.base imports the engines' shared records; imported here, it cannot import us back.
+    from postlane.store.base import DELIVERY_COLUMNS, HELD_COLUMNS, HELD_FROM
+
+    clock = {"now": SQLITE_NOW} if engine == "sqlite" else {}
     return {
+        **clock,
+        "delivery_columns": ", ".join(DELIVERY_COLUMNS),
+        "held_columns": HELD_COLUMNS,
+        "held_from": HELD_FROM,
         "terminal": TERMINAL_SQL,
         "rescue_started_error": _literal(RESCUE_STARTED_ERROR),
         "rescue_started_response": _literal(RESCUE_STARTED_RESPONSE),

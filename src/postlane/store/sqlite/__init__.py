@@ -9,10 +9,8 @@ seconds computed by SQLite itself (the database clock). The engine is written sy
 from __future__ import annotations
 
 from postlane.store.sqlite._async import SQLiteStore, on_thread
-from postlane.store.sqlite._base import NOW, SQLiteEngine, connect, sqlite_errors
+from postlane.store.sqlite._base import SQLiteEngine, connect, sqlite_errors
 from postlane.store.sqlite._producing import (
-    INSERT_DELIVERY,
-    INSERT_ONE,
     insert_many,
     insert_one,
     message_params,
@@ -20,9 +18,6 @@ from postlane.store.sqlite._producing import (
 from postlane.store.sqlite._sync import SyncSQLiteStore
 
 __all__ = [
-    "INSERT_DELIVERY",
-    "INSERT_ONE",
-    "NOW",
     "SQLiteEngine",
     "SQLiteStore",
     "SyncSQLiteStore",

@@ -17,36 +17,24 @@ from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
-from postlane.store import migrations, queries
+from postlane.store import machine, migrations, queries
 from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS
-from postlane.store.machine import TERMINAL_SQL
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
 P = ParamSpec("P")
 E = TypeVar("E", bound="SQLiteEngine")
 
-NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_COLS = ", ".join(DELIVERY_COLUMNS)
+NOW = machine.SQLITE_NOW  # TEMP
+_COLS = ", ".join(DELIVERY_COLUMNS)  # TEMP
 ROWS = DELIVERY_ROWS
 _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
 })
-_TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
 
-_LOAD_MARKERS = {"__NOW__": NOW, "__DELIVERY_COLUMNS__": _COLS}
-
-
-def _filled(sql: str) -> str:
-    for marker, text in _LOAD_MARKERS.items():
-        sql = sql.replace(marker, text)
-    return sql
-
-
-Q = {name: _filled(sql) for name, sql in queries.load("sqlite").items()}
-"""Every statement this engine runs, by name (``sql/sqlite/queries.sql``), with SQLite's
-clock and the delivery columns filled in."""
+Q = queries.load("sqlite")
+"""Every statement this engine runs, by name (``sql/sqlite/queries.sql``)."""
 
 _INSERT_EVENT = Q["insert_event"]
 

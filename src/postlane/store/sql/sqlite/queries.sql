@@ -1,9 +1,8 @@
 -- The sqlite engine's queries, by name (postlane.store.queries). Fragments written
--- {{name}} come from postlane.store.machine. Two markers are filled by the engine when it
--- loads this file (sqlite._base.Q): NOW, SQLite's clock as REAL unix seconds (PostgreSQL
--- has now(); SQLite computes it from julianday('now'), fixed within a statement), and
--- DELIVERY_COLUMNS, the columns a Delivery is read from (store.base), each written between
--- double underscores. Other such words are filled per call (a filter built from parts).
+-- {{name}} come from postlane.store.machine: {{now}} is SQLite's clock as REAL unix seconds
+-- (PostgreSQL has now(); SQLite computes it from julianday('now'), fixed within a
+-- statement), {{delivery_columns}} the columns a Delivery is read from (store.base).
+-- Words between double underscores are filled per call (a filter built from parts).
 -- A batch travels as one JSON array read with json_each: SQLite has no arrays, and one
 -- statement per batch costs less than a statement per row.
 
@@ -12,13 +11,13 @@ SELECT max(version) FROM postlane_migrations
 
 -- name: insert_event
 INSERT INTO postlane_events (delivery_id, at, kind, state, data)
-VALUES (?, __NOW__, ?, ?, ?)
+VALUES (?, {{now}}, ?, ?, ?)
 
 -- name: insert_events
 -- A batch's events from one JSON array of [delivery id, kind, state, detail] (an
 -- executemany with a json.dumps per row cost more than the update it follows).
 INSERT INTO postlane_events (delivery_id, at, kind, state, data)
-SELECT json_extract(value, '$[0]'), __NOW__, json_extract(value, '$[1]'),
+SELECT json_extract(value, '$[0]'), {{now}}, json_extract(value, '$[1]'),
        json_extract(value, '$[2]'), json(json_extract(value, '$[3]'))
 FROM json_each(?)
 
@@ -41,7 +40,7 @@ SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'postlane_migrations
 -- Run inside the migration's own script (executescript takes no parameters), so the
 -- values are written into it: version and name come from the migration's file name.
 INSERT INTO postlane_migrations (version, name, applied_at)
-VALUES (__VERSION__, '__NAME__', __NOW__);
+VALUES (__VERSION__, '__NAME__', {{now}});
 
 -- name: foreign_key_check
 PRAGMA foreign_key_check
@@ -51,12 +50,12 @@ PRAGMA foreign_key_check
 -- claimers, so the subquery's rows cannot be taken by another in between.
 UPDATE postlane_deliveries
 SET state = 'sending', lease_owner = :owner,
-    lease_expires_at = __NOW__ + :lease_s, claims = claims + 1,
-    attempt_started_at = NULL, updated_at = __NOW__
+    lease_expires_at = {{now}} + :lease_s, claims = claims + 1,
+    attempt_started_at = NULL, updated_at = {{now}}
 WHERE id IN (
     SELECT id FROM postlane_deliveries
     WHERE state = 'pending' AND lane = :lane AND channel = :channel
-      AND run_at <= __NOW__
+      AND run_at <= {{now}}
       AND (import_id IS NULL OR import_id NOT IN
            (SELECT value FROM json_each(:excluded)))
     ORDER BY run_at, id LIMIT :limit)
@@ -64,24 +63,24 @@ RETURNING id, claims
 
 -- name: claimed_rows
 -- The claim rewrote only the narrow rows; the messages are read here.
-SELECT __DELIVERY_COLUMNS__ FROM postlane_delivery_rows
+SELECT {{delivery_columns}} FROM postlane_delivery_rows
 WHERE id IN (SELECT value FROM json_each(?)) ORDER BY run_at, id
 
 -- name: start_attempts
 -- Guarded as on PostgreSQL: leased to me (claim number and owner), lease not yet expired.
-UPDATE postlane_deliveries AS d SET attempt_started_at = __NOW__, updated_at = __NOW__
+UPDATE postlane_deliveries AS d SET attempt_started_at = {{now}}, updated_at = {{now}}
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS claims
       FROM json_each(:claims)) AS t
 WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
-  AND d.lease_owner = :owner AND d.lease_expires_at > __NOW__
+  AND d.lease_owner = :owner AND d.lease_expires_at > {{now}}
 RETURNING id
 
 -- name: renew_leases
-UPDATE postlane_deliveries AS d SET lease_expires_at = __NOW__ + :lease_s, updated_at = __NOW__
+UPDATE postlane_deliveries AS d SET lease_expires_at = {{now}} + :lease_s, updated_at = {{now}}
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS claims
       FROM json_each(:claims)) AS t
 WHERE d.id = t.id AND d.claims = t.claims AND d.state = 'sending'
-  AND d.lease_owner = :owner AND d.lease_expires_at > __NOW__
+  AND d.lease_owner = :owner AND d.lease_expires_at > {{now}}
 RETURNING id
 
 -- name: set_state
@@ -92,14 +91,14 @@ UPDATE postlane_deliveries AS d SET
     state = t.state,
     attempts = d.attempts + t.spend,
     run_at = CASE WHEN t.state = 'pending'
-                  THEN __NOW__ + COALESCE(t.delay_s, 0) ELSE d.run_at END,
+                  THEN {{now}} + COALESCE(t.delay_s, 0) ELSE d.run_at END,
     lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
     last_error = COALESCE(t.error, d.last_error),
     provider_message_id = COALESCE(t.pmid, d.provider_message_id),
     dead_reason = CASE WHEN t.state = 'dead' THEN t.reason ELSE d.dead_reason END,
-    sent_at = CASE WHEN t.state = 'sent' THEN __NOW__ ELSE d.sent_at END,
-    finished_at = CASE WHEN t.state IN {{terminal}} THEN __NOW__ ELSE NULL END,
-    updated_at = __NOW__
+    sent_at = CASE WHEN t.state = 'sent' THEN {{now}} ELSE d.sent_at END,
+    finished_at = CASE WHEN t.state IN {{terminal}} THEN {{now}} ELSE NULL END,
+    updated_at = {{now}}
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS claims,
              json_extract(value, '$[2]') AS state, json_extract(value, '$[3]') AS delay_s,
              json_extract(value, '$[4]') AS spend, json_extract(value, '$[5]') AS error,
@@ -115,13 +114,13 @@ d.state = 'sending' AND d.lease_owner = :owner
 d.state = 'ambiguous'
 
 -- name: list_ambiguous
-SELECT __DELIVERY_COLUMNS__ FROM postlane_delivery_rows WHERE state = 'ambiguous'
+SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE state = 'ambiguous'
   AND (:lanes IS NULL OR lane IN (SELECT value FROM json_each(:lanes)))
   AND (:channel IS NULL OR channel = :channel)
 ORDER BY updated_at, id LIMIT :limit
 
 -- name: delivery_by_id
-SELECT __DELIVERY_COLUMNS__ FROM postlane_delivery_rows WHERE id = ?
+SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE id = ?
 
 -- name: attempt_events
 -- The timeline entries that record an outcome, for a dead letter's attempt history.
@@ -131,7 +130,7 @@ WHERE delivery_id = ? AND json_extract(data, '$.outcome') IS NOT NULL ORDER BY i
 -- name: write_dead_letter
 INSERT INTO postlane_dead_letters
     (delivery_id, reason, cause, snapshot, last_response, attempt_history, dead_at)
-VALUES (?, ?, ?, ?, ?, ?, __NOW__)
+VALUES (?, ?, ?, ?, ?, ?, {{now}})
 ON CONFLICT (delivery_id) DO UPDATE SET
     reason = excluded.reason, cause = excluded.cause, snapshot = excluded.snapshot,
     last_response = excluded.last_response,
@@ -140,17 +139,65 @@ ON CONFLICT (delivery_id) DO UPDATE SET
 
 -- name: expired_leases
 SELECT id, lease_owner, attempt_started_at IS NOT NULL FROM postlane_deliveries
-WHERE state = 'sending' AND lease_expires_at < __NOW__ ORDER BY lease_expires_at LIMIT ?
+WHERE state = 'sending' AND lease_expires_at < {{now}} ORDER BY lease_expires_at LIMIT ?
 
 -- name: rescue_started
 -- An attempt that started may have reached the provider: ambiguous, never retried blindly
 -- (store.machine.rescue_target).
 UPDATE postlane_deliveries SET state = ?, attempts = attempts + 1,
     last_error = {{rescue_started_error}}, lease_owner = NULL, lease_expires_at = NULL,
-    attempt_started_at = NULL, updated_at = __NOW__
+    attempt_started_at = NULL, updated_at = {{now}}
 WHERE id = ? RETURNING attempts
 
 -- name: rescue_unstarted
 UPDATE postlane_deliveries SET state = ?, lease_owner = NULL,
-    lease_expires_at = NULL, attempt_started_at = NULL, updated_at = __NOW__
+    lease_expires_at = NULL, attempt_started_at = NULL, updated_at = {{now}}
 WHERE id = ?
+
+-- name: insert_message
+-- The message first: its unique key decides whether there is a delivery to create, and its
+-- id (AUTOINCREMENT: never reused) becomes the delivery's. Writers are serialised, so
+-- nothing can come between the two inserts.
+INSERT INTO postlane_messages (idempotency_key, recipient, sender, subject, text_body,
+    html_body, headers, metadata, template_id, template_version, producer)
+VALUES (:key, :recipient, :sender, :subject, :text, :html, :headers, :metadata, :template_id,
+        :template_version, :producer)
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id
+
+-- name: insert_delivery
+INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at,
+    created_at, updated_at)
+VALUES (:id, :lane, :channel, :import_id, {{now}} + :delay_s,
+        COALESCE(:expires_at, {{now}} + :expires_in_s), {{now}}, {{now}})
+
+-- name: held_by_keys
+SELECT {{held_columns}} FROM {{held_from}}
+WHERE m.idempotency_key IN (SELECT value FROM json_each(?))
+
+-- name: insert_messages
+-- One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
+-- a statement per row is not). Row fields by position, as _producing._batch_row writes them.
+INSERT INTO postlane_messages (idempotency_key, recipient, sender, subject, text_body,
+    html_body, headers, metadata, template_id, template_version, producer)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json_extract(value, '$[3]'),
+       json_extract(value, '$[4]'), json_extract(value, '$[5]'),
+       json_extract(value, '$[6]'), json_extract(value, '$[7]'),
+       json_extract(value, '$[8]'), json_extract(value, '$[9]'), :producer
+FROM json_each(:batch) WHERE true  -- (WHERE: SQLite's parser needs it before ON CONFLICT)
+ORDER BY key  -- ids in input order
+ON CONFLICT (idempotency_key) DO NOTHING
+RETURNING id, idempotency_key
+
+-- name: insert_deliveries
+-- The created messages' deliveries, one JSON array of [id, lane, channel, import_id,
+-- delay_s, expires_at, expires_in_s] (from _producing._delivery_row).
+INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at,
+    created_at, updated_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json_extract(value, '$[3]'),
+       {{now}} + json_extract(value, '$[4]'),
+       COALESCE(json_extract(value, '$[5]'), {{now}} + json_extract(value, '$[6]')),
+       {{now}}, {{now}}
+FROM json_each(:rows)
