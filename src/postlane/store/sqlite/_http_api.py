@@ -8,7 +8,7 @@ from typing import Any
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.records import ApiKey
 from postlane.core.validation import validate
-from postlane.store.sqlite._base import NOW, SQLiteEngine, _dt, _opt_dt
+from postlane.store.sqlite._base import Q, SQLiteEngine, _dt, _opt_dt
 from postlane.store.sqlite._producing import insert_one
 
 
@@ -21,12 +21,10 @@ class HttpApiMixin(SQLiteEngine):
         with self._write() as conn:
             result = insert_one(conn, message, producer, compare_content=False)
             if result.created:
-                conn.execute("UPDATE postlane_messages SET request_hash = ? WHERE id = ?",
-                             (request_hash, result.id))
+                conn.execute(Q["set_request_hash"], (request_hash, result.id))
                 kept = request_hash
             else:
-                kept = conn.execute("SELECT request_hash FROM postlane_messages WHERE id = ?",
-                                    (result.id,)).fetchone()[0]
+                kept = conn.execute(Q["request_hash"], (result.id,)).fetchone()[0]
         self.wake()
         return result, kept
 
@@ -35,8 +33,7 @@ class HttpApiMixin(SQLiteEngine):
     ) -> ApiKey:
         with self._write() as conn:
             row = conn.execute(
-                f"INSERT INTO postlane_api_keys (name, prefix, token_hash, scopes, "
-                f"created_at) VALUES (?, ?, ?, ?, {NOW}) RETURNING {_API_KEY_COLS}",
+                Q["create_api_key"],
                 (name, prefix, token_hash, ",".join(scopes)),
             ).fetchone()
         return _api_key(row)
@@ -44,34 +41,24 @@ class HttpApiMixin(SQLiteEngine):
     def get_api_key(
         self, *, key_id: int | None = None, token_hash: str | None = None
     ) -> ApiKey | None:
-        column, value = ("id", key_id) if key_id is not None else ("token_hash", token_hash)
-        row = self.conn.execute(
-            f"SELECT {_API_KEY_COLS} FROM postlane_api_keys WHERE {column} = ?", (value,)
-        ).fetchone()
+        name, value = (("api_key_by_id", key_id) if key_id is not None
+                       else ("api_key_by_token_hash", token_hash))
+        row = self.conn.execute(Q[name], (value,)).fetchone()
         return _api_key(row) if row else None
 
     def list_api_keys(self) -> list[ApiKey]:
-        rows = self.conn.execute(
-            f"SELECT {_API_KEY_COLS} FROM postlane_api_keys ORDER BY id").fetchall()
+        rows = self.conn.execute(Q["list_api_keys"]).fetchall()
         return [_api_key(r) for r in rows]
 
     def revoke_api_key(self, key_id: int) -> bool:
         with self._write() as conn:
-            row = conn.execute(
-                f"UPDATE postlane_api_keys SET revoked_at = {NOW} "
-                "WHERE id = ? AND revoked_at IS NULL RETURNING id", (key_id,)).fetchone()
+            row = conn.execute(Q["revoke_api_key"], (key_id,)).fetchone()
         return row is not None
 
     def end_api_key_sessions(self, key_id: int, before: float) -> bool:
         with self._write() as conn:
-            row = conn.execute(
-                "UPDATE postlane_api_keys SET sessions_after = MAX(?, "
-                "COALESCE(sessions_after, 0)) WHERE id = ? RETURNING id",
-                (before, key_id)).fetchone()
+            row = conn.execute(Q["end_api_key_sessions"], (before, key_id)).fetchone()
         return row is not None
-
-
-_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at, sessions_after"
 
 
 def _api_key(row: Sequence[Any]) -> ApiKey:

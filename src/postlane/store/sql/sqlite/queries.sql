@@ -201,3 +201,79 @@ SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
        COALESCE(json_extract(value, '$[5]'), {{now}} + json_extract(value, '$[6]')),
        {{now}}, {{now}}
 FROM json_each(:rows)
+
+-- name: record_heartbeat
+INSERT INTO postlane_workers (owner, host, pid, version, provider, lanes, in_flight,
+    interval_s, started_at, heartbeat_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, {{now}}, {{now}})
+ON CONFLICT (owner) DO UPDATE SET lanes = excluded.lanes, in_flight = excluded.in_flight,
+    interval_s = excluded.interval_s, heartbeat_at = {{now}}
+
+-- name: drop_gone_workers
+DELETE FROM postlane_workers WHERE heartbeat_at < {{now}} - ?
+
+-- name: count_outcomes
+-- The minute from SQLite's clock, REAL unix seconds, cut to a whole minute (PostgreSQL
+-- takes the epoch of now()).
+INSERT INTO postlane_outcome_minutes (minute, lane, outcome, count)
+VALUES (CAST({{now}} / 60 AS INTEGER) * 60, ?, ?, ?)
+ON CONFLICT (minute, lane, outcome) DO UPDATE SET count = count + excluded.count
+
+-- name: drop_old_outcome_minutes
+DELETE FROM postlane_outcome_minutes WHERE minute < {{now}} - ?
+
+-- name: forget_worker
+DELETE FROM postlane_workers WHERE owner = ?
+
+-- name: list_workers
+SELECT owner, host, pid, version, provider, lanes, in_flight, interval_s,
+       started_at, heartbeat_at, {{now}} - heartbeat_at
+FROM postlane_workers ORDER BY host, pid, owner
+
+-- name: outcome_minutes
+SELECT minute, lane, outcome, count FROM postlane_outcome_minutes
+WHERE minute >= {{now}} - ? ORDER BY minute, lane, outcome
+
+-- name: delivery_routes
+SELECT delivery_id, provider, attempt, pinned FROM postlane_delivery_routes
+WHERE delivery_id IN (SELECT value FROM json_each(?))
+
+-- name: record_route
+-- pinned is 0 or 1: SQLite has no boolean type.
+INSERT INTO postlane_delivery_routes (delivery_id, provider, attempt, pinned, updated_at)
+VALUES (?, ?, ?, ?, {{now}})
+ON CONFLICT (delivery_id) DO UPDATE SET
+    provider = excluded.provider, attempt = excluded.attempt,
+    pinned = excluded.pinned, updated_at = excluded.updated_at
+
+-- name: set_request_hash
+UPDATE postlane_messages SET request_hash = ? WHERE id = ?
+
+-- name: request_hash
+SELECT request_hash FROM postlane_messages WHERE id = ?
+
+-- name: create_api_key
+INSERT INTO postlane_api_keys (name, prefix, token_hash, scopes, created_at)
+VALUES (?, ?, ?, ?, {{now}})
+RETURNING id, name, prefix, scopes, created_at, revoked_at, sessions_after
+
+-- name: api_key_by_id
+SELECT id, name, prefix, scopes, created_at, revoked_at, sessions_after
+FROM postlane_api_keys WHERE id = ?
+
+-- name: api_key_by_token_hash
+SELECT id, name, prefix, scopes, created_at, revoked_at, sessions_after
+FROM postlane_api_keys WHERE token_hash = ?
+
+-- name: list_api_keys
+SELECT id, name, prefix, scopes, created_at, revoked_at, sessions_after
+FROM postlane_api_keys ORDER BY id
+
+-- name: revoke_api_key
+UPDATE postlane_api_keys SET revoked_at = {{now}}
+WHERE id = ? AND revoked_at IS NULL RETURNING id
+
+-- name: end_api_key_sessions
+-- MAX of two values is SQLite's scalar max (PostgreSQL: GREATEST).
+UPDATE postlane_api_keys SET sessions_after = MAX(?, COALESCE(sessions_after, 0))
+WHERE id = ? RETURNING id
