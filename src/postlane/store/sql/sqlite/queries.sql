@@ -277,3 +277,116 @@ WHERE id = ? AND revoked_at IS NULL RETURNING id
 -- MAX of two values is SQLite's scalar max (PostgreSQL: GREATEST).
 UPDATE postlane_api_keys SET sessions_after = MAX(?, COALESCE(sessions_after, 0))
 WHERE id = ? RETURNING id
+
+-- name: callbacks_trigger
+-- Callbacks are enqueued with the timeline event that causes them, in its transaction. The
+-- trigger exists only while an endpoint is active (created with the first, dropped with the
+-- last, in the same transaction): SQLite runs a row trigger's program for every insert, about
+-- 3 µs even for an event its WHEN clause skips, and claims, acks and enqueues all write events.
+-- (PostgreSQL's trigger is a statement trigger over the new rows, installed by its migration.)
+CREATE TRIGGER IF NOT EXISTS postlane_events_callbacks
+AFTER INSERT ON postlane_events
+WHEN NEW.state IN ('sent', 'dead', 'expired', 'suppressed')
+  OR NEW.kind IN ('provider:bounced', 'provider:complained')
+BEGIN
+    INSERT OR IGNORE INTO postlane_callbacks
+        (endpoint_id, event_id, delivery_id, type, payload, run_at, created_at)
+    SELECT e.id, NEW.id, NEW.delivery_id, t.type, json_object(
+        'type', t.type,
+        'timestamp', strftime('%Y-%m-%dT%H:%M:%fZ', NEW.at, 'unixepoch'),
+        'data', json_object(
+            'event_id', 'evt_' || NEW.id,
+            'delivery_id', NEW.delivery_id,
+            'key', m.idempotency_key,
+            'lane', d.lane,
+            'state', d.state,
+            'provider', json_extract(NEW.data, '$.provider'),
+            'provider_message_id', d.provider_message_id,
+            'cause', COALESCE(json_extract(NEW.data, '$.response'),
+                              json_extract(NEW.data, '$.why'),
+                              json_extract(NEW.data, '$.reason'),
+                              json_extract(NEW.data, '$.bounce_type'), d.dead_reason),
+            'dead_reason', CASE WHEN NEW.state IN ('dead', 'expired') THEN d.dead_reason END,
+            'attempt', json_extract(NEW.data, '$.attempt'))),
+        NEW.at, NEW.at
+    FROM (SELECT CASE
+            WHEN NEW.state = 'sent' THEN 'delivery.sent'
+            WHEN NEW.state IN ('dead', 'expired') THEN 'delivery.dead_lettered'
+            WHEN NEW.state = 'suppressed' THEN 'delivery.suppressed'
+            WHEN NEW.kind = 'provider:bounced' THEN 'delivery.bounced'
+            ELSE 'delivery.complained' END AS type) t
+    JOIN postlane_deliveries d ON d.id = NEW.delivery_id
+    JOIN postlane_messages m ON m.id = NEW.delivery_id  -- the key and producer (0007)
+    JOIN postlane_callback_endpoints e
+      ON e.disabled_at IS NULL
+     AND (e.api_key_id IS NULL OR m.producer = 'apikey:' || e.api_key_id)
+     AND (e.events = '*' OR instr(',' || e.events || ',', ',' || t.type || ',') > 0);
+END
+
+-- name: drop_callbacks_trigger
+DROP TRIGGER IF EXISTS postlane_events_callbacks
+
+-- name: add_callback_endpoint
+-- Events as one comma-separated text, '*' for every event.
+INSERT INTO postlane_callback_endpoints (url, secret, api_key_id, events, created_at)
+VALUES (?, ?, ?, ?, {{now}})
+RETURNING id, url, api_key_id, events, created_at, disabled_at, secret
+
+-- name: list_callback_endpoints
+SELECT id, url, api_key_id, events, created_at, disabled_at, secret
+FROM postlane_callback_endpoints WHERE ? OR api_key_id IS ? ORDER BY id
+
+-- name: disable_callback_endpoint
+UPDATE postlane_callback_endpoints SET disabled_at = {{now}}
+WHERE id = ? AND disabled_at IS NULL AND (? IS NULL OR api_key_id = ?)
+RETURNING id
+
+-- name: any_active_callback_endpoint
+SELECT 1 FROM postlane_callback_endpoints WHERE disabled_at IS NULL LIMIT 1
+
+-- name: kill_callbacks_of_disabled_endpoints
+UPDATE postlane_callbacks SET state = 'dead', finished_at = {{now}},
+    last_error = 'endpoint disabled'
+WHERE state = 'pending'
+  AND endpoint_id IN (SELECT id FROM postlane_callback_endpoints WHERE disabled_at IS NOT NULL)
+
+-- name: due_callbacks
+-- No FOR UPDATE SKIP LOCKED: the write lock serialises claimers (see claim).
+SELECT id FROM postlane_callbacks WHERE state = 'pending' AND run_at <= {{now}}
+ORDER BY run_at, id LIMIT ?
+
+-- name: lease_callbacks
+UPDATE postlane_callbacks SET run_at = {{now}} + ?, attempts = attempts + 1
+WHERE id IN (SELECT value FROM json_each(?))
+
+-- name: callbacks_by_ids
+SELECT c.id, c.endpoint_id, c.event_id, c.delivery_id, c.type, c.payload, c.state,
+       c.attempts, c.last_error, c.created_at, e.url, e.secret
+FROM postlane_callbacks c JOIN postlane_callback_endpoints e ON e.id = c.endpoint_id
+WHERE c.id IN (SELECT value FROM json_each(?)) ORDER BY c.id
+
+-- name: retry_callback
+UPDATE postlane_callbacks SET run_at = {{now}} + ?, last_error = ?
+WHERE id = ? AND attempts = ? AND state = 'pending'
+RETURNING delivery_id
+
+-- name: finish_callback
+UPDATE postlane_callbacks SET state = ?, finished_at = {{now}},
+    last_error = COALESCE(?, last_error)
+WHERE id = ? AND attempts = ? AND state = 'pending'
+RETURNING delivery_id, endpoint_id, type, event_id
+
+-- name: list_callbacks
+SELECT c.id, c.endpoint_id, c.event_id, c.delivery_id, c.type, c.payload, c.state,
+       c.attempts, c.last_error, c.created_at, e.url, e.secret
+FROM postlane_callbacks c JOIN postlane_callback_endpoints e ON e.id = c.endpoint_id
+WHERE (? IS NULL OR c.state = ?) AND (? IS NULL OR c.delivery_id = ?)
+ORDER BY c.id DESC LIMIT ?
+
+-- name: replay_callbacks
+UPDATE postlane_callbacks SET state = 'pending', run_at = {{now}}, attempts = 0,
+    finished_at = NULL, replay_count = replay_count + 1
+WHERE state = 'dead' AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:ids)))
+
+-- name: callback_counts
+SELECT state, count(*) FROM postlane_callbacks GROUP BY state
