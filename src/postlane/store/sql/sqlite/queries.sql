@@ -390,3 +390,89 @@ WHERE state = 'dead' AND (:ids IS NULL OR id IN (SELECT value FROM json_each(:id
 
 -- name: callback_counts
 SELECT state, count(*) FROM postlane_callbacks GROUP BY state
+
+-- name: insert_provider_event
+-- ON CONFLICT without a target: the one unique key is (provider, event_id), a repeat.
+INSERT INTO postlane_provider_events (provider, event_id, kind, provider_message_id,
+    delivery_id, received_at, recipient, lane)
+VALUES (?, ?, ?, ?, ?, {{now}}, ?, ?)
+ON CONFLICT DO NOTHING
+RETURNING event_id
+
+-- name: provider_status
+SELECT provider_status FROM postlane_deliveries WHERE id = ?
+
+-- name: set_provider_status
+UPDATE postlane_deliveries SET provider_status = ? WHERE id = ?
+
+-- name: recent_soft_bounces
+SELECT count(*) FROM postlane_provider_events
+WHERE recipient = ? AND kind = 'soft_bounced' AND received_at > {{now}} - ?
+
+-- name: unsuppress
+-- The address's spellings as one JSON array (core.addresses.address_spellings).
+DELETE FROM postlane_suppressions
+WHERE address IN (SELECT value FROM json_each(?)) AND (? IS NULL OR stream = ?)
+
+-- name: list_suppressions
+SELECT address, stream, reason, delivery_id, created_at, source_event, expires_at
+FROM postlane_suppressions
+WHERE (? IS NULL OR address IN (SELECT value FROM json_each(?)))
+ORDER BY created_at DESC LIMIT ?
+
+-- name: suppressed_among
+-- One JSON array of {id, address, lane}, an entry per spelling of each recipient.
+SELECT json_extract(t.value, '$.id'), s.reason FROM json_each(?) t
+JOIN postlane_suppressions s
+  ON s.address = json_extract(t.value, '$.address')
+ AND s.stream IN (json_extract(t.value, '$.lane'), '*')
+ AND (s.expires_at IS NULL OR s.expires_at > {{now}})
+
+-- name: requeue_suppressed
+UPDATE postlane_deliveries SET state = 'pending', run_at = {{now}},
+    finished_at = NULL, updated_at = {{now}}
+WHERE state = 'suppressed' AND id IN (SELECT id FROM postlane_messages
+      WHERE lower(recipient) IN (SELECT value FROM json_each(?)))
+RETURNING id
+
+-- name: sent_by_lane
+SELECT lane, count(*) FROM postlane_deliveries
+WHERE state = 'sent' AND finished_at > {{now}} - ? GROUP BY lane
+
+-- name: provider_events_by_lane
+SELECT lane, kind, count(*) FROM postlane_provider_events
+WHERE lane IS NOT NULL AND received_at > {{now}} - ? GROUP BY lane, kind
+
+-- name: provider_event_totals
+SELECT kind, COALESCE(lane, ''), count(*) FROM postlane_provider_events GROUP BY 1, 2
+
+-- name: event_delivery_by_id
+-- The delivery a provider event concerns, looked up by what the event names: by id,
+-- provider message id, then idempotency key (see ProviderEvent), one entry for each.
+SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d
+JOIN postlane_messages m ON m.id = d.id WHERE d.id = ?
+ORDER BY d.id DESC LIMIT 1
+
+-- name: event_delivery_by_provider_message_id
+SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d
+JOIN postlane_messages m ON m.id = d.id WHERE d.provider_message_id = ?
+ORDER BY d.id DESC LIMIT 1
+
+-- name: event_delivery_by_key
+SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d
+JOIN postlane_messages m ON m.id = d.id WHERE m.idempotency_key = ?
+ORDER BY d.id DESC LIMIT 1
+
+-- name: upsert_suppression
+-- Add a suppression, or replace one that ends sooner (an expired one, or a soft-bounce
+-- entry that a hard bounce makes permanent); a row comes back when something was written.
+INSERT INTO postlane_suppressions
+    (address, stream, reason, delivery_id, created_at, source_event, expires_at)
+VALUES (?, ?, ?, ?, {{now}}, ?, {{now}} + ?)
+ON CONFLICT (address, stream) DO UPDATE SET reason = excluded.reason,
+    delivery_id = excluded.delivery_id, source_event = excluded.source_event,
+    expires_at = excluded.expires_at, created_at = excluded.created_at
+WHERE postlane_suppressions.expires_at IS NOT NULL
+  AND (excluded.expires_at IS NULL
+       OR excluded.expires_at > postlane_suppressions.expires_at)
+RETURNING address
