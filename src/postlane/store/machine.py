@@ -63,12 +63,21 @@ def attempt_history(events: Iterable[Mapping[str, Any]],
 def sql_fragments(engine: str) -> dict[str, str]:
     """What a ``{{name}}`` in ``sql/<engine>/queries.sql`` stands for (``store.queries``)."""
     # store.base imports the engines' shared records; imported here, it cannot import us back.
-    from postlane.store.base import DELIVERY_COLUMNS, HELD_COLUMNS, HELD_FROM
+    from postlane.store.base import (
+        DEAD_LETTER_COLUMNS,
+        DELIVERY_COLUMNS,
+        HELD_COLUMNS,
+        HELD_FROM,
+        qualified_columns,
+    )
 
     clock = {"now": SQLITE_NOW} if engine == "sqlite" else {}
     return {
         **clock,
         "delivery_columns": ", ".join(DELIVERY_COLUMNS),
+        # the same over ``postlane_deliveries d JOIN postlane_messages m``
+        "delivery_columns_d_m": qualified_columns("d", "m"),
+        "dead_letter_columns": DEAD_LETTER_COLUMNS,
         "held_columns": HELD_COLUMNS,
         "held_from": HELD_FROM,
         "terminal": TERMINAL_SQL,

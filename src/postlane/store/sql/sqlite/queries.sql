@@ -476,3 +476,79 @@ WHERE postlane_suppressions.expires_at IS NOT NULL
   AND (excluded.expires_at IS NULL
        OR excluded.expires_at > postlane_suppressions.expires_at)
 RETURNING address
+
+-- name: fallback_candidates
+-- The flag is in the message (metadata), the state in the narrow row: the partial index
+-- over messages that carry a fallback (0010) finds the few, their narrow rows filter.
+-- Metadata is JSON text on SQLite: json_valid first, so a row another program wrote badly
+-- is skipped here rather than failing the query (PostgreSQL's jsonb is always valid).
+SELECT {{delivery_columns_d_m}}
+FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
+WHERE CASE WHEN json_valid(m.metadata) THEN json_type(m.metadata, '$.sms_fallback') END
+          IS NOT NULL  -- the partial index
+  AND d.state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')
+  AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
+  AND (d.state IN ('dead', 'expired')
+       OR d.created_at + COALESCE(CASE WHEN json_valid(m.metadata) THEN
+                                  json_extract(m.metadata, '$.sms_fallback.after_s') END,
+                                  :after_s) <= {{now}})
+ORDER BY m.id
+LIMIT :limit
+
+-- name: fallback_email
+SELECT d.state, m.idempotency_key FROM postlane_deliveries d
+JOIN postlane_messages m ON m.id = d.id WHERE d.id = ?
+
+-- name: has_sms_fallback
+SELECT 1 FROM postlane_sms_fallbacks WHERE email_id = ?
+
+-- name: insert_sms_fallback
+INSERT INTO postlane_sms_fallbacks (email_id, sms_id, reason, created_at)
+VALUES (?, ?, ?, {{now}})
+RETURNING email_id, sms_id, reason, created_at
+
+-- name: sms_fallback_pair
+SELECT email_id, sms_id, reason, created_at FROM postlane_sms_fallbacks
+WHERE email_id = ? OR sms_id = ? ORDER BY email_id LIMIT 1
+
+-- name: start_import_canary
+INSERT INTO postlane_import_canaries (import_id, size, keys, created_at)
+VALUES (?, ?, ?, {{now}})
+ON CONFLICT (import_id) DO NOTHING
+
+-- name: waiting_canaries
+SELECT import_id FROM postlane_import_canaries WHERE state = 'waiting'
+ORDER BY created_at LIMIT ?
+
+-- name: settle_import_canary
+UPDATE postlane_import_canaries SET state = ?, reason = ?, settled_at = {{now}}
+WHERE import_id = ? AND state = 'waiting'
+RETURNING 1
+
+-- name: release_import_canary
+UPDATE postlane_import_canaries SET state = 'released', settled_at = {{now}},
+    reason = COALESCE(reason || '; ', '') || 'released by an operator'
+WHERE import_id = ? AND state IN ('waiting', 'failed')
+
+-- name: import_canary
+SELECT import_id, size, keys, state, reason, created_at, settled_at
+FROM postlane_import_canaries WHERE import_id = ?
+
+-- name: canary_states
+SELECT d.state, count(*), min(CASE WHEN d.state IN ('dead', 'expired') THEN
+           m.idempotency_key || ' ' || d.state || ' (' || COALESCE(d.dead_reason, d.state)
+           || '): ' || COALESCE(substr(d.last_error, 1, 300), '') END)
+FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
+WHERE d.import_id = :import_id AND m.idempotency_key IN (SELECT value FROM json_each(:keys))
+GROUP BY d.state
+
+-- name: canary_held
+-- An import's held deliveries: pending, due beyond the hold (core.canary.HELD_BEYOND);
+-- release_canary_held releases the same rows.
+SELECT count(*) FROM postlane_deliveries
+WHERE import_id = :import_id AND state = 'pending' AND run_at > {{now}} + :beyond_s
+
+-- name: release_canary_held
+UPDATE postlane_deliveries SET run_at = {{now}}, updated_at = {{now}}
+WHERE import_id = :import_id AND state = 'pending' AND run_at > {{now}} + :beyond_s
+RETURNING id
