@@ -68,6 +68,8 @@ def sql_fragments(engine: str) -> dict[str, str]:
         DELIVERY_COLUMNS,
         HELD_COLUMNS,
         HELD_FROM,
+        IMPORT_COLUMNS,
+        TEMPLATE_REFERENCE_CONDITION,
         qualified_columns,
     )
 
@@ -80,6 +82,8 @@ def sql_fragments(engine: str) -> dict[str, str]:
         "dead_letter_columns": DEAD_LETTER_COLUMNS,
         "held_columns": HELD_COLUMNS,
         "held_from": HELD_FROM,
+        "import_columns": IMPORT_COLUMNS,
+        "template_referenced": TEMPLATE_REFERENCE_CONDITION,
         "terminal": TERMINAL_SQL,
         "rescue_started_error": _literal(RESCUE_STARTED_ERROR),
         "rescue_started_response": _literal(RESCUE_STARTED_RESPONSE),

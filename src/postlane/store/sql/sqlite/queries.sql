@@ -552,3 +552,87 @@ WHERE import_id = :import_id AND state = 'pending' AND run_at > {{now}} + :beyon
 UPDATE postlane_deliveries SET run_at = {{now}}, updated_at = {{now}}
 WHERE import_id = :import_id AND state = 'pending' AND run_at > {{now}} + :beyond_s
 RETURNING id
+
+-- name: get_template
+-- A template version, the latest when :version is NULL.
+SELECT v.name, v.version, v.subject, v.text_body, v.html_body, v.created_at,
+       t.latest_version, t.deprecated_at IS NOT NULL
+FROM postlane_templates t
+JOIN postlane_template_versions v ON v.name = t.name
+WHERE t.name = :name AND t.deleted_at IS NULL
+  AND v.version = COALESCE(:version, t.latest_version)
+
+-- name: count_template_references
+SELECT count(*) FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id
+WHERE m.template_id = ? AND {{template_referenced}}
+
+-- name: import_progress
+UPDATE postlane_imports SET rows_read = :read, rows_enqueued = :enqueued,
+    rows_skipped = :skipped, rows_created = rows_created + :created,
+    finished_at = CASE WHEN :finished THEN {{now}} ELSE NULL END, updated_at = {{now}}
+WHERE import_id = :id
+
+-- name: add_template
+-- A template's next version number; a deleted template's name starts it again.
+INSERT INTO postlane_templates (name, latest_version, created_at, updated_at)
+VALUES (?, 1, {{now}}, {{now}})
+ON CONFLICT (name) DO UPDATE SET latest_version = latest_version + 1, deleted_at = NULL,
+    updated_at = {{now}}
+
+-- name: add_template_version
+INSERT INTO postlane_template_versions
+    (name, version, subject, text_body, html_body, created_at)
+SELECT name, latest_version, ?, ?, ?, {{now}} FROM postlane_templates WHERE name = ?
+
+-- name: list_templates
+SELECT v.name, v.version, v.subject, v.text_body, v.html_body, v.created_at,
+       t.latest_version, t.deprecated_at IS NOT NULL
+FROM postlane_templates t
+JOIN postlane_template_versions v ON v.name = t.name AND v.version = t.latest_version
+WHERE t.deleted_at IS NULL ORDER BY t.name
+
+-- name: set_template_deprecated
+UPDATE postlane_templates
+SET deprecated_at = CASE WHEN :on THEN COALESCE(deprecated_at, {{now}}) END,
+    updated_at = {{now}}
+WHERE name = :name AND deleted_at IS NULL RETURNING name
+
+-- name: template_exists
+SELECT 1 FROM postlane_templates WHERE name = ? AND deleted_at IS NULL
+
+-- name: delete_template_versions
+DELETE FROM postlane_template_versions WHERE name = ?
+
+-- name: delete_template
+UPDATE postlane_templates SET deleted_at = {{now}}, deprecated_at = NULL, updated_at = {{now}}
+WHERE name = ?
+
+-- name: template_deprecated
+SELECT deprecated_at IS NOT NULL FROM postlane_templates
+WHERE name = ? AND deleted_at IS NULL
+
+-- name: start_import
+-- A run of an import already seen (the same template) starts its counts again; one of
+-- another template's is refused (no row comes back).
+INSERT INTO postlane_imports (import_id, template, template_version, file_name, lane,
+    started_at, last_started_at, updated_at)
+VALUES (?, ?, ?, ?, ?, {{now}}, {{now}}, {{now}})
+ON CONFLICT (import_id) DO UPDATE SET runs = runs + 1,
+    last_started_at = {{now}}, finished_at = NULL,
+    template_version = excluded.template_version,
+    file_name = excluded.file_name, lane = excluded.lane, rows_read = 0,
+    rows_enqueued = 0, rows_created = 0, rows_skipped = 0,
+    updated_at = {{now}}
+WHERE template = excluded.template
+RETURNING {{import_columns}}
+
+-- name: get_import
+SELECT {{import_columns}} FROM postlane_imports WHERE import_id = ?
+
+-- name: list_imports
+SELECT {{import_columns}} FROM postlane_imports
+ORDER BY last_started_at DESC, import_id LIMIT ?
+
+-- name: import_counts
+SELECT state, attempts > 0, count(*), {{now}} - min(created_at)
+FROM postlane_deliveries WHERE import_id = ? GROUP BY 1, 2
