@@ -17,17 +17,14 @@ from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
-from postlane.store import machine, migrations, queries
-from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS
+from postlane.store import migrations, queries
+from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
 P = ParamSpec("P")
 E = TypeVar("E", bound="SQLiteEngine")
 
-NOW = machine.SQLITE_NOW  # TEMP
-_COLS = ", ".join(DELIVERY_COLUMNS)  # TEMP
-ROWS = DELIVERY_ROWS
 _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
@@ -35,8 +32,6 @@ _TIME_COLUMNS = frozenset({
 
 Q = queries.load("sqlite")
 """Every statement this engine runs, by name (``sql/sqlite/queries.sql``)."""
-
-_INSERT_EVENT = Q["insert_event"]
 
 
 @contextmanager

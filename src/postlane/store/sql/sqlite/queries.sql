@@ -6,9 +6,6 @@
 -- A batch travels as one JSON array read with json_each: SQLite has no arrays, and one
 -- statement per batch costs less than a statement per row.
 
--- name: schema_version
-SELECT max(version) FROM postlane_migrations
-
 -- name: insert_event
 INSERT INTO postlane_events (delivery_id, at, kind, state, data)
 VALUES (?, {{now}}, ?, ?, ?)
@@ -636,3 +633,118 @@ ORDER BY last_started_at DESC, import_id LIMIT ?
 -- name: import_counts
 SELECT state, attempts > 0, count(*), {{now}} - min(created_at)
 FROM postlane_deliveries WHERE import_id = ? GROUP BY 1, 2
+
+-- name: get_controls
+SELECT name, value, version, updated_at FROM postlane_controls
+
+-- name: delete_control
+DELETE FROM postlane_controls WHERE name = ?
+
+-- name: set_control
+INSERT INTO postlane_controls (name, value, updated_at)
+VALUES (?, ?, {{now}})
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, version = version + 1,
+    updated_at = {{now}}
+
+-- name: create_control
+INSERT INTO postlane_controls (name, value, updated_at)
+VALUES (?, ?, {{now}})
+ON CONFLICT (name) DO NOTHING RETURNING name
+
+-- name: update_control_at_version
+UPDATE postlane_controls SET value = ?, version = version + 1, updated_at = {{now}}
+WHERE name = ? AND version = ? RETURNING name
+
+-- name: delivery_by_key
+SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE idempotency_key = ?
+
+-- name: timeline
+SELECT id, delivery_id, at, kind, state, data FROM postlane_events
+WHERE delivery_id = ? ORDER BY id
+
+-- name: dead_letters
+-- WHERE (between double underscores) is the filter, from store.base.dead_letter_conditions.
+SELECT {{dead_letter_columns}} FROM postlane_dead_letters dl
+JOIN postlane_delivery_rows d ON d.id = dl.delivery_id WHERE __WHERE__
+ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit
+
+-- name: mark_dead_letter_replayed
+UPDATE postlane_dead_letters
+SET replayed_at = {{now}}, replayed_by = ?, replay_count = replay_count + 1
+WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+    SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+      AND d.state IN ('dead', 'expired'))
+RETURNING replay_count
+
+-- name: replay_delivery
+UPDATE postlane_deliveries SET state = 'pending', attempts = 0, run_at = {{now}},
+    dead_reason = NULL, finished_at = NULL, updated_at = {{now}}
+WHERE id = ?
+
+-- name: discard_dead_letter
+UPDATE postlane_dead_letters SET discarded_at = {{now}}, discard_reason = ?
+WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
+    SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
+      AND d.state IN ('dead', 'expired'))
+RETURNING delivery_id
+
+-- name: deliveries_where
+-- WHERE (between double underscores) is the filter, from store.base.find_conditions or
+-- store.base.delivery_conditions.
+SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE __WHERE__
+ORDER BY id DESC LIMIT :limit
+
+-- name: cancel_many
+UPDATE postlane_deliveries SET state = 'cancelled', finished_at = {{now}}, updated_at = {{now}}
+WHERE id IN (SELECT value FROM json_each(?)) AND state = 'pending'
+RETURNING id
+
+-- name: lane_depths
+SELECT lane, count(*), {{now}} - min(created_at) FROM postlane_deliveries
+WHERE state IN ('pending', 'sending') GROUP BY lane
+
+-- name: lane_states
+-- One pass over every row kept gives both the states and the arrivals per lane.
+SELECT lane, state, count(*) FROM postlane_deliveries GROUP BY lane, state
+
+-- name: pruned_by_lane
+SELECT lane, deliveries FROM postlane_pruned
+
+-- name: attempts_in_flight
+SELECT attempts + 1, count(*) FROM postlane_deliveries
+WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1
+
+-- name: dead_letter_counts
+SELECT dl.reason, dl.cause, count(*) FROM postlane_dead_letters dl
+JOIN postlane_deliveries d ON d.id = dl.delivery_id
+WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired')
+GROUP BY dl.reason, dl.cause
+
+-- name: cancel
+UPDATE postlane_deliveries SET state = 'cancelled', finished_at = {{now}}, updated_at = {{now}}
+WHERE id = ? AND state IN ('pending', 'ambiguous')
+RETURNING id
+
+-- name: prunable
+-- A batch at a time: each is one write transaction, so workers get the lock in between.
+SELECT id, lane FROM postlane_deliveries
+WHERE finished_at IS NOT NULL AND (
+    (state IN ('sent', 'expired', 'cancelled', 'suppressed') AND finished_at < {{now}} - ?)
+    OR (state = 'dead' AND finished_at < {{now}} - ?))
+LIMIT 5000
+
+-- name: count_pruned
+-- Arrivals per lane are kept + pruned: retention must not turn that counter back.
+INSERT INTO postlane_pruned (lane, deliveries) VALUES (?, ?)
+ON CONFLICT (lane) DO UPDATE SET deliveries = deliveries + excluded.deliveries
+
+-- name: prune_events
+-- The timeline and the messages have no foreign key (checked on every insert); a
+-- delivery, its message and its events go together.
+DELETE FROM postlane_events WHERE delivery_id IN (SELECT value FROM json_each(?))
+
+-- name: prune_messages
+DELETE FROM postlane_messages WHERE id IN (SELECT value FROM json_each(?))
+
+-- name: prune_deliveries
+DELETE FROM postlane_deliveries WHERE id IN (SELECT value FROM json_each(?))
