@@ -74,3 +74,14 @@ def test_every_sqlite_entry_is_used_by_the_engine() -> None:
     used = _strings_in_code(_engine_sources("sqlite"))
     unused = sorted(queries.load("sqlite").keys() - used)
     assert not unused, unused
+
+
+def test_the_clock_is_sqlites_alone_and_the_delivery_columns_are_store_bases() -> None:
+    from postlane.store.base import DELIVERY_COLUMNS
+
+    sqlite, postgres = machine.sql_fragments("sqlite"), machine.sql_fragments("postgres")
+    assert "julianday('now')" in sqlite["now"] and "now" not in postgres
+    assert sqlite["delivery_columns"] == postgres["delivery_columns"] == ", ".join(
+        DELIVERY_COLUMNS)
+    assert not any("__NOW__" in sql or "__DELIVERY_COLUMNS__" in sql
+                   for sql in queries.load("sqlite").values())

@@ -13,6 +13,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from postlane.core.states import TERMINAL_STATES, State
+from postlane.store.base import (
+    DEAD_LETTER_COLUMNS,
+    DELIVERY_COLUMNS,
+    HELD_COLUMNS,
+    HELD_FROM,
+    IMPORT_COLUMNS,
+    TEMPLATE_REFERENCE_CONDITION,
+    qualified_columns,
+)
 
 TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 """The terminal states as an SQL list, for ``state IN {{terminal}}``."""
@@ -62,17 +71,6 @@ def attempt_history(events: Iterable[Mapping[str, Any]],
 
 def sql_fragments(engine: str) -> dict[str, str]:
     """What a ``{{name}}`` in ``sql/<engine>/queries.sql`` stands for (``store.queries``)."""
-    # store.base imports the engines' shared records; imported here, it cannot import us back.
-    from postlane.store.base import (
-        DEAD_LETTER_COLUMNS,
-        DELIVERY_COLUMNS,
-        HELD_COLUMNS,
-        HELD_FROM,
-        IMPORT_COLUMNS,
-        TEMPLATE_REFERENCE_CONDITION,
-        qualified_columns,
-    )
-
     clock = {"now": SQLITE_NOW} if engine == "sqlite" else {}
     return {
         **clock,
