@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -74,3 +75,48 @@ def test_no_postgres_comment_holds_a_percent_sign_or_a_marker() -> None:
             _, dash, comment = line.partition("--")
             assert not (dash and "%" in comment), (name, line)
             assert not (dash and re.search(r"__[A-Z]+__", comment)), (name, line)
+
+
+def _engine_sources(engine: str) -> list[ast.Module]:
+    folder = Path(queries.__file__).parent / engine
+    return [ast.parse(path.read_text("utf-8")) for path in sorted(folder.glob("*.py"))]
+
+
+def _named_in_code(trees: list[ast.Module]) -> set[str]:
+    """The names an engine's code takes from its queries as ``Q["name"]``."""
+    return {node.slice.value for tree in trees for node in ast.walk(tree)
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+            and node.value.id == "Q" and isinstance(node.slice, ast.Constant)
+            and isinstance(node.slice.value, str)}
+
+
+def _strings_in_code(trees: list[ast.Module]) -> set[str]:
+    return {node.value for tree in trees for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def test_every_query_the_sqlite_engine_names_is_in_its_file() -> None:
+    named = _named_in_code(_engine_sources("sqlite"))
+    assert named, "the sqlite engine names no query: has Q been renamed?"
+    assert named <= queries.load("sqlite").keys(), sorted(
+        named - queries.load("sqlite").keys())
+
+
+def test_every_sqlite_entry_is_used_by_the_engine() -> None:
+    """An entry nobody runs is dead text. Some names are chosen at run time from literals
+    (``Q[name]`` over a tuple of names), so a name counts as used where it appears as a
+    string in the engine's code."""
+    used = _strings_in_code(_engine_sources("sqlite"))
+    unused = sorted(queries.load("sqlite").keys() - used)
+    assert not unused, unused
+
+
+def test_the_clock_is_sqlites_alone_and_the_delivery_columns_are_store_bases() -> None:
+    from postlane.store.base import DELIVERY_COLUMNS
+
+    sqlite, postgres = machine.sql_fragments("sqlite"), machine.sql_fragments("postgres")
+    assert "julianday('now')" in sqlite["now"] and "now" not in postgres
+    assert sqlite["delivery_columns"] == postgres["delivery_columns"] == ", ".join(
+        DELIVERY_COLUMNS)
+    assert not any("__NOW__" in sql or "__DELIVERY_COLUMNS__" in sql
+                   for sql in queries.load("sqlite").values())

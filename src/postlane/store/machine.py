@@ -19,6 +19,10 @@ from postlane.store import base, migrations
 TERMINAL_SQL = "(" + ", ".join(f"'{s.value}'" for s in sorted(TERMINAL_STATES)) + ")"
 """The terminal states as an SQL list, for ``state IN {{terminal}}``."""
 
+SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+"""SQLite's clock as REAL unix seconds, for ``{{now}}``: PostgreSQL has ``now()``; SQLite
+computes it from ``julianday('now')``, which is fixed within a statement."""
+
 # -- rescue: a lease that expired ------------------------------------------------------------
 RESCUE_STARTED_ERROR = ("lease expired after the attempt started; the provider may have "
                         "accepted it")
@@ -60,7 +64,9 @@ def attempt_history(events: Iterable[Mapping[str, Any]],
 
 def sql_fragments(engine: str) -> dict[str, str]:
     """What a ``{{name}}`` in ``sql/<engine>/queries.sql`` stands for (``store.queries``)."""
+    clock = {"now": SQLITE_NOW} if engine == "sqlite" else {}
     return {
+        **clock,
         "terminal": TERMINAL_SQL,
         "rescue_started_error": _literal(RESCUE_STARTED_ERROR),
         "rescue_started_response": _literal(RESCUE_STARTED_RESPONSE),

@@ -1,43 +1,37 @@
-"""The SQLite store's foundation: the connection, its thread, write transactions and
-migrations, with the helpers every part of the store shares.
+"""The SQLite store's foundation, synchronous: the connection, write transactions and
+migrations, with the helpers every part of the store shares. The async ``SQLiteStore`` over
+it is ``sqlite._async``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import sqlite3
-import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from postlane.core.message import Delivery
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
-from postlane.store import migrations
-from postlane.store.base import DELIVERY_COLUMNS, DELIVERY_ROWS, Store
-from postlane.store.machine import TERMINAL_SQL
+from postlane.store import migrations, queries
+from postlane.store.base import DELIVERY_COLUMNS
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
+P = ParamSpec("P")
+E = TypeVar("E", bound="SQLiteEngine")
 
-NOW = "((julianday('now') - 2440587.5) * 86400.0)"
-_COLS = ", ".join(DELIVERY_COLUMNS)
-ROWS = DELIVERY_ROWS
 _TIME_COLUMNS = frozenset({
     "run_at", "expires_at", "lease_expires_at", "attempt_started_at", "created_at",
     "updated_at", "sent_at", "finished_at",
 })
-_TERMINAL = TERMINAL_SQL  # the terminal states, from core.states
 
-_INSERT_EVENT = (
-    f"INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
-    f"VALUES (?, {NOW}, ?, ?, ?)"
-)
+Q = queries.load("sqlite")
+"""Every statement this engine runs, by name (``sql/sqlite/queries.sql``)."""
 
 
 @contextmanager
@@ -70,58 +64,38 @@ def connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-class SQLiteBase(Store):
+class SQLiteEngine:
+    """The SQLite store written synchronously: its methods run the SQL on ``conn`` in the
+    calling thread. ``SQLiteStore`` (``sqlite._async``) runs each on the store's one thread;
+    the outbox and the tests may call it directly. ``wake`` is called (in that thread) after a
+    write that gives a worker something to do."""
+
     engine = "sqlite"
 
-    def __init__(self, path: str, *, limits: Limits | None = None) -> None:
-        super().__init__(limits)
+    def __init__(self, path: str, *, limits: Limits | None = None,
+                 wake: Callable[[], None] | None = None) -> None:
         self.path = path
+        self.limits = limits or Limits()
+        self.wake: Callable[[], None] = wake or _nothing
         self._conn: sqlite3.Connection | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="postlane-sqlite")
-        self._wakeup = asyncio.Event()
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+    def open(self) -> None:
+        try:
+            self._conn = connect(self.path)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {exc}"
+                                   ) from exc
 
-    async def open(self) -> None:
-        def _open() -> None:
-            try:
-                self._conn = connect(self.path)
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {exc}"
-                                       ) from exc
-        await self._run(_open)
-
-    async def close(self) -> None:
-        def _close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-        await self._run(_close)
-        self._thread.shutdown(wait=True)
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     @property
     def conn(self) -> sqlite3.Connection:
         if self._conn is None:
             raise StoreError("store is not open; use `async with store:` or `await store.open()`")
         return self._conn
-
-    def _tolerating_bad_text(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` (in the store's thread). Text that is not UTF-8 (bytes another
-        program wrote into a delivery) makes sqlite3 fail the whole read, and with it a
-        whole claim, every time; then ``fn`` runs again (its transaction, if any, was rolled
-        back) reading such text as its decode error, which ``_read`` makes an
-        ``UnreadableDelivery`` and a dead-letter snapshot keeps with the bad bytes replaced."""
-        try:
-            return fn(*args)
-        except sqlite3.OperationalError as exc:
-            if "decode to UTF-8" not in str(exc):
-                raise
-        self.conn.text_factory = _text_or_error
-        try:
-            return fn(*args)
-        finally:
-            self.conn.text_factory = str
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -134,87 +108,84 @@ class SQLiteBase(Store):
             raise
         conn.execute("COMMIT")
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """Wake on an in-process enqueue, or on a commit by another connection
-        (``PRAGMA data_version``), polled every 50 ms."""
-        def _version() -> int:
-            return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
-
-        deadline = time.monotonic() + timeout
-        start = await self._run(_version)
-        while not self._wakeup.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                async with asyncio.timeout(min(0.05, left)):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                if await self._run(_version) != start:
-                    break
-        self._wakeup.clear()
+    def data_version(self) -> int:
+        """Changes when another connection commits (``wait_for_work`` polls it)."""
+        return int(self.conn.execute(Q["data_version"]).fetchone()[0])
 
     # -- migrations ------------------------------------------------------------------------
     def _applied(self) -> set[int]:
-        self.conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {migrations.MIGRATIONS_TABLE} ("
-            "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        rows = self.conn.execute(f"SELECT version FROM {migrations.MIGRATIONS_TABLE}")
+        self.conn.execute(Q["migrations_table"])
+        rows = self.conn.execute(Q["migrations_applied"])
         return {r[0] for r in rows}
 
-    async def migrate(self) -> list[str]:
-        def _migrate() -> list[str]:
-            # Foreign keys off while migrating (it cannot change inside a transaction): a
-            # migration that rebuilds a table (0007) drops the old one, and with them on
-            # that would delete the rows referencing it (ON DELETE CASCADE). Checked after.
-            self.conn.execute("PRAGMA foreign_keys=OFF")
+    def migrate(self) -> list[str]:
+        # Foreign keys off while migrating (it cannot change inside a transaction): a
+        # migration that rebuilds a table (0007) drops the old one, and with them on
+        # that would delete the rows referencing it (ON DELETE CASCADE). Checked after.
+        self.conn.execute("PRAGMA foreign_keys=OFF")
+        try:
+            return self._apply_migrations()
+        finally:
+            self.conn.execute("PRAGMA foreign_keys=ON")
+
+    def _apply_migrations(self) -> list[str]:
+        applied = []
+        with self._write():
+            done = self._applied()
+        for migration in migrations.load(self.engine):
+            if migration.version in done:
+                continue
+            # executescript commits first, so the migration brings its own transaction.
+            # It records itself first: a concurrent migrator that applied it since we
+            # read ``done`` makes that INSERT fail, and we roll back and move on.
             try:
-                return _apply()
-            finally:
-                self.conn.execute("PRAGMA foreign_keys=ON")
-
-        def _apply() -> list[str]:
-            applied = []
-            with self._write():
-                done = self._applied()
-            for migration in migrations.load(self.engine):
-                if migration.version in done:
+                record = (Q["migration_record"].replace("__VERSION__", str(migration.version))
+                          .replace("__NAME__", migration.name))
+                self.conn.executescript(f"BEGIN IMMEDIATE;\n{record}{migration.sql}\nCOMMIT;")
+            except sqlite3.Error:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                if migration.version in self._applied():
                     continue
-                # executescript commits first, so the migration brings its own transaction.
-                # It records itself first: a concurrent migrator that applied it since we
-                # read ``done`` makes that INSERT fail, and we roll back and move on.
-                try:
-                    self.conn.executescript(
-                        "BEGIN IMMEDIATE;\n"
-                        f"INSERT INTO {migrations.MIGRATIONS_TABLE} (version, name, applied_at) "
-                        f"VALUES ({migration.version}, '{migration.name}', {NOW});\n"
-                        f"{migration.sql}\n"
-                        "COMMIT;"
-                    )
-                except sqlite3.Error:
-                    if self.conn.in_transaction:
-                        self.conn.execute("ROLLBACK")
-                    if migration.version in self._applied():
-                        continue
-                    raise
-                broken = self.conn.execute("PRAGMA foreign_key_check").fetchall()
-                if broken:
-                    raise StoreError(f"migration {migration.label} left rows whose foreign "
-                                     f"keys point nowhere: {broken[:5]}")
-                applied.append(migration.label)
-            return applied
-        return await self._run(_migrate)
+                raise
+            broken = self.conn.execute(Q["foreign_key_check"]).fetchall()
+            if broken:
+                raise StoreError(f"migration {migration.label} left rows whose foreign "
+                                 f"keys point nowhere: {broken[:5]}")
+            applied.append(migration.label)
+        return applied
 
-    async def pending_migrations(self) -> list[str]:
-        def _pending() -> list[str]:
-            exists = self.conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                (migrations.MIGRATIONS_TABLE,),
-            ).fetchone()
-            done = self._applied() if exists else set()
-            return [m.label for m in migrations.load(self.engine) if m.version not in done]
-        return await self._run(_pending)
+    def pending_migrations(self) -> list[str]:
+        exists = self.conn.execute(Q["migrations_table_exists"]).fetchone()
+        done = self._applied() if exists else set()
+        return [m.label for m in migrations.load(self.engine) if m.version not in done]
+
+
+def _nothing() -> None:
+    pass
+
+
+def tolerating_bad_text(method: Callable[Concatenate[E, P], T]) -> Callable[Concatenate[E, P], T]:
+    """Run a reading method; text that is not UTF-8 (bytes another program wrote into a
+    delivery) makes sqlite3 fail the whole read, and with it a whole claim, every time.
+    Then the method runs again (its transaction, if any, was rolled back) reading such
+    text as its decode error, which ``_read`` makes an ``UnreadableDelivery`` and a
+    dead-letter snapshot keeps with the bad bytes replaced."""
+
+    @functools.wraps(method)
+    def tolerant(self: E, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            if "decode to UTF-8" not in str(exc):
+                raise
+        self.conn.text_factory = _text_or_error
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.conn.text_factory = str
+
+    return tolerant
 
 
 def _dt(value: float) -> datetime:

@@ -8,84 +8,57 @@ from typing import Any
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.records import ApiKey
 from postlane.core.validation import validate
-from postlane.store.sqlite._base import NOW, SQLiteBase, _dt, _opt_dt
+from postlane.store.sqlite._base import Q, SQLiteEngine, _dt, _opt_dt
 from postlane.store.sqlite._producing import insert_one
 
 
-class HttpApiMixin(SQLiteBase):
+class HttpApiMixin(SQLiteEngine):
     # -- the HTTP API: keys, and requests made idempotent by their body -------------------
-    async def enqueue_request(
+    def enqueue_request(
         self, message: Message, request_hash: str, producer: str
     ) -> tuple[EnqueueResult, str | None]:
         validate(message, self.limits)
+        with self._write() as conn:
+            result = insert_one(conn, message, producer, compare_content=False)
+            if result.created:
+                conn.execute(Q["set_request_hash"], (request_hash, result.id))
+                kept = request_hash
+            else:
+                kept = conn.execute(Q["request_hash"], (result.id,)).fetchone()[0]
+        self.wake()
+        return result, kept
 
-        def _enqueue() -> tuple[EnqueueResult, str | None]:
-            with self._write() as conn:
-                result = insert_one(conn, message, producer, compare_content=False)
-                if result.created:
-                    conn.execute("UPDATE postlane_messages SET request_hash = ? WHERE id = ?",
-                                 (request_hash, result.id))
-                    return result, request_hash
-                row = conn.execute("SELECT request_hash FROM postlane_messages WHERE id = ?",
-                                   (result.id,)).fetchone()
-                return result, row[0]
-        result = await self._run(_enqueue)
-        self._wakeup.set()
-        return result
-
-    async def create_api_key(
+    def create_api_key(
         self, name: str, prefix: str, token_hash: str, scopes: Sequence[str]
     ) -> ApiKey:
-        def _create() -> ApiKey:
-            with self._write() as conn:
-                row = conn.execute(
-                    f"INSERT INTO postlane_api_keys (name, prefix, token_hash, scopes, "
-                    f"created_at) VALUES (?, ?, ?, ?, {NOW}) RETURNING {_API_KEY_COLS}",
-                    (name, prefix, token_hash, ",".join(scopes)),
-                ).fetchone()
-            return _api_key(row)
-        return await self._run(_create)
+        with self._write() as conn:
+            row = conn.execute(
+                Q["create_api_key"],
+                (name, prefix, token_hash, ",".join(scopes)),
+            ).fetchone()
+        return _api_key(row)
 
-    async def get_api_key(
+    def get_api_key(
         self, *, key_id: int | None = None, token_hash: str | None = None
     ) -> ApiKey | None:
-        column, value = ("id", key_id) if key_id is not None else ("token_hash", token_hash)
+        name, value = (("api_key_by_id", key_id) if key_id is not None
+                       else ("api_key_by_token_hash", token_hash))
+        row = self.conn.execute(Q[name], (value,)).fetchone()
+        return _api_key(row) if row else None
 
-        def _get() -> ApiKey | None:
-            row = self.conn.execute(
-                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys WHERE {column} = ?", (value,)
-            ).fetchone()
-            return _api_key(row) if row else None
-        return await self._run(_get)
+    def list_api_keys(self) -> list[ApiKey]:
+        rows = self.conn.execute(Q["list_api_keys"]).fetchall()
+        return [_api_key(r) for r in rows]
 
-    async def list_api_keys(self) -> list[ApiKey]:
-        def _list() -> list[ApiKey]:
-            rows = self.conn.execute(
-                f"SELECT {_API_KEY_COLS} FROM postlane_api_keys ORDER BY id").fetchall()
-            return [_api_key(r) for r in rows]
-        return await self._run(_list)
+    def revoke_api_key(self, key_id: int) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["revoke_api_key"], (key_id,)).fetchone()
+        return row is not None
 
-    async def revoke_api_key(self, key_id: int) -> bool:
-        def _revoke() -> bool:
-            with self._write() as conn:
-                row = conn.execute(
-                    f"UPDATE postlane_api_keys SET revoked_at = {NOW} "
-                    "WHERE id = ? AND revoked_at IS NULL RETURNING id", (key_id,)).fetchone()
-            return row is not None
-        return await self._run(_revoke)
-
-    async def end_api_key_sessions(self, key_id: int, before: float) -> bool:
-        def _end() -> bool:
-            with self._write() as conn:
-                row = conn.execute(
-                    "UPDATE postlane_api_keys SET sessions_after = MAX(?, "
-                    "COALESCE(sessions_after, 0)) WHERE id = ? RETURNING id",
-                    (before, key_id)).fetchone()
-            return row is not None
-        return await self._run(_end)
-
-
-_API_KEY_COLS = "id, name, prefix, scopes, created_at, revoked_at, sessions_after"
+    def end_api_key_sessions(self, key_id: int, before: float) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["end_api_key_sessions"], (before, key_id)).fetchone()
+        return row is not None
 
 
 def _api_key(row: Sequence[Any]) -> ApiKey:

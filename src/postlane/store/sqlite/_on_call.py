@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from postlane.core.records import OutcomeMinute, WorkerHeartbeat, WorkerSeen
-from postlane.store.sqlite._base import NOW, SQLiteBase, _dt
+from postlane.store.sqlite._base import Q, SQLiteEngine, _dt
 
 KEEP_MINUTES_S = 2 * 86400
 """Outcome minutes older than this are dropped as new ones are written."""
@@ -18,58 +18,34 @@ KEEP_GONE_S = 86400
 """A worker that stopped heart-beating is listed (as gone) this long, then dropped."""
 
 
-class OnCallMixin(SQLiteBase):
-    async def record_heartbeat(self, heartbeat: WorkerHeartbeat,
-                               outcomes: Mapping[tuple[str, str], int]) -> None:
-        def _beat() -> None:
-            with self._write() as conn:
-                conn.execute(
-                    f"INSERT INTO postlane_workers (owner, host, pid, version, provider, lanes, "
-                    f"in_flight, interval_s, started_at, heartbeat_at) "
-                    f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}) ON CONFLICT (owner) DO "
-                    f"UPDATE SET lanes = excluded.lanes, in_flight = excluded.in_flight, "
-                    f"interval_s = excluded.interval_s, heartbeat_at = {NOW}",
-                    (heartbeat.owner, heartbeat.host, heartbeat.pid, heartbeat.version,
-                     heartbeat.provider, json.dumps(dict(heartbeat.lanes)),
-                     heartbeat.in_flight, heartbeat.interval_s))
-                conn.execute(f"DELETE FROM postlane_workers WHERE heartbeat_at < {NOW} - ?",
-                             (KEEP_GONE_S,))
-                counted = [(lane, outcome, n) for (lane, outcome), n
-                           in sorted(outcomes.items()) if n]
-                if not counted:
-                    return
-                conn.executemany(
-                    f"INSERT INTO postlane_outcome_minutes (minute, lane, outcome, count) "
-                    f"VALUES (CAST({NOW} / 60 AS INTEGER) * 60, ?, ?, ?) "
-                    f"ON CONFLICT (minute, lane, outcome) DO UPDATE SET "
-                    f"count = count + excluded.count", counted)
-                conn.execute(f"DELETE FROM postlane_outcome_minutes WHERE minute < {NOW} - ?",
-                             (KEEP_MINUTES_S,))
-        await self._run(_beat)
+class OnCallMixin(SQLiteEngine):
+    def record_heartbeat(self, heartbeat: WorkerHeartbeat,
+                         outcomes: Mapping[tuple[str, str], int]) -> None:
+        with self._write() as conn:
+            conn.execute(
+                Q["record_heartbeat"],
+                (heartbeat.owner, heartbeat.host, heartbeat.pid, heartbeat.version,
+                 heartbeat.provider, json.dumps(dict(heartbeat.lanes)),
+                 heartbeat.in_flight, heartbeat.interval_s))
+            conn.execute(Q["drop_gone_workers"], (KEEP_GONE_S,))
+            counted = [(lane, outcome, n) for (lane, outcome), n
+                       in sorted(outcomes.items()) if n]
+            if not counted:
+                return
+            conn.executemany(Q["count_outcomes"], counted)
+            conn.execute(Q["drop_old_outcome_minutes"], (KEEP_MINUTES_S,))
 
-    async def forget_worker(self, owner: str) -> None:
-        def _forget() -> None:
-            with self._write() as conn:
-                conn.execute("DELETE FROM postlane_workers WHERE owner = ?", (owner,))
-        await self._run(_forget)
+    def forget_worker(self, owner: str) -> None:
+        with self._write() as conn:
+            conn.execute(Q["forget_worker"], (owner,))
 
-    async def list_workers(self) -> list[WorkerSeen]:
-        def _list() -> list[WorkerSeen]:
-            rows = self.conn.execute(
-                f"SELECT owner, host, pid, version, provider, lanes, in_flight, interval_s, "
-                f"started_at, heartbeat_at, {NOW} - heartbeat_at FROM postlane_workers "
-                f"ORDER BY host, pid, owner").fetchall()
-            return [_seen(row) for row in rows]
-        return await self._run(_list)
+    def list_workers(self) -> list[WorkerSeen]:
+        rows = self.conn.execute(Q["list_workers"]).fetchall()
+        return [_seen(row) for row in rows]
 
-    async def outcome_minutes(self, window: timedelta) -> list[OutcomeMinute]:
-        def _read() -> list[OutcomeMinute]:
-            rows = self.conn.execute(
-                f"SELECT minute, lane, outcome, count FROM postlane_outcome_minutes "
-                f"WHERE minute >= {NOW} - ? ORDER BY minute, lane, outcome",
-                (window.total_seconds(),)).fetchall()
-            return [OutcomeMinute(int(m), lane, o, int(n)) for m, lane, o, n in rows]
-        return await self._run(_read)
+    def outcome_minutes(self, window: timedelta) -> list[OutcomeMinute]:
+        rows = self.conn.execute(Q["outcome_minutes"], (window.total_seconds(),)).fetchall()
+        return [OutcomeMinute(int(m), lane, o, int(n)) for m, lane, o, n in rows]
 
 
 def _seen(row: Sequence[Any]) -> WorkerSeen:

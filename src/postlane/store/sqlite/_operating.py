@@ -22,7 +22,6 @@ from postlane.core.records import (
 )
 from postlane.core.states import State
 from postlane.store.base import (
-    DEAD_LETTER_COLUMNS,
     dead_letter_conditions,
     dead_letter_counts,
     delivery_conditions,
@@ -30,182 +29,118 @@ from postlane.store.base import (
     find_conditions,
 )
 from postlane.store.sqlite._base import (
-    _COLS,
-    _INSERT_EVENT,
-    NOW,
-    ROWS,
-    SQLiteBase,
+    Q,
+    SQLiteEngine,
     _dt,
     _opt_dt,
     _read,
+    tolerating_bad_text,
 )
 
 
-class OperatingMixin(SQLiteBase):
+class OperatingMixin(SQLiteEngine):
     # -- controls shared by the fleet ------------------------------------------------------
-    async def get_controls(self) -> dict[str, Control]:
-        def _get() -> dict[str, Control]:
-            rows = self.conn.execute(
-                "SELECT name, value, version, updated_at FROM postlane_controls"
-            ).fetchall()
-            return {r[0]: Control(r[0], json.loads(r[1]), r[2], _dt(r[3])) for r in rows}
-        return await self._run(_get)
+    def get_controls(self) -> dict[str, Control]:
+        rows = self.conn.execute(Q["get_controls"]).fetchall()
+        return {r[0]: Control(r[0], json.loads(r[1]), r[2], _dt(r[3])) for r in rows}
 
-    async def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
-        def _set() -> None:
-            with self._write() as conn:
-                if value is None:
-                    conn.execute("DELETE FROM postlane_controls WHERE name = ?", (name,))
-                    return
-                conn.execute(
-                    f"INSERT INTO postlane_controls (name, value, updated_at) "
-                    f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO UPDATE SET "
-                    f"value = excluded.value, version = version + 1, updated_at = {NOW}",
-                    (name, json.dumps(dict(value))),
-                )
-        await self._run(_set)
+    def set_control(self, name: str, value: Mapping[str, Any] | None) -> None:
+        with self._write() as conn:
+            if value is None:
+                conn.execute(Q["delete_control"], (name,))
+                return
+            conn.execute(Q["set_control"], (name, json.dumps(dict(value))))
 
-    async def compare_and_set_control(
+    def compare_and_set_control(
         self, name: str, expected_version: int | None, value: Mapping[str, Any]
     ) -> bool:
-        def _cas() -> bool:
-            with self._write() as conn:
-                if expected_version is None:
-                    row = conn.execute(
-                        f"INSERT INTO postlane_controls (name, value, updated_at) "
-                        f"VALUES (?, ?, {NOW}) ON CONFLICT (name) DO NOTHING RETURNING name",
-                        (name, json.dumps(dict(value))),
-                    ).fetchone()
-                else:
-                    row = conn.execute(
-                        f"UPDATE postlane_controls SET value = ?, version = version + 1, "
-                        f"updated_at = {NOW} WHERE name = ? AND version = ? RETURNING name",
-                        (json.dumps(dict(value)), name, expected_version),
-                    ).fetchone()
-                return row is not None
-        return await self._run(_cas)
+        with self._write() as conn:
+            if expected_version is None:
+                row = conn.execute(Q["create_control"],
+                                   (name, json.dumps(dict(value)))).fetchone()
+            else:
+                row = conn.execute(Q["update_control_at_version"],
+                                   (json.dumps(dict(value)), name, expected_version)).fetchone()
+            return row is not None
 
     # -- reading and operating -------------------------------------------------------------
-    async def get(self, id_or_key: int | str) -> Delivery | None:
-        column = "id" if isinstance(id_or_key, int) else "idempotency_key"
+    @tolerating_bad_text
+    def get(self, id_or_key: int | str) -> Delivery | None:
+        name = "delivery_by_id" if isinstance(id_or_key, int) else "delivery_by_key"
+        row = self.conn.execute(Q[name], (id_or_key,)).fetchone()
+        return _read(self.conn, row) if row else None
 
-        def _get() -> Delivery | None:
-            row = self.conn.execute(
-                f"SELECT {_COLS} FROM {ROWS} WHERE {column} = ?", (id_or_key,)
-            ).fetchone()
-            return _read(self.conn, row) if row else None
-        return await self._run(self._tolerating_bad_text, _get)
+    def timeline(self, delivery_id: int) -> list[Event]:
+        rows = self.conn.execute(Q["timeline"], (delivery_id,)).fetchall()
+        return [Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
 
-    async def timeline(self, delivery_id: int) -> list[Event]:
-        def _timeline() -> list[Event]:
-            rows = self.conn.execute(
-                "SELECT id, delivery_id, at, kind, state, data FROM postlane_events "
-                "WHERE delivery_id = ? ORDER BY id", (delivery_id,)
-            ).fetchall()
-            return [Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
-        return await self._run(_timeline)
-
-    async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
-        found = await self._run(self._dead_letters, "dl.delivery_id = :id",
-                                {"id": delivery_id}, 1)
+    def dead_letter(self, delivery_id: int) -> DeadLetter | None:
+        found = self._dead_letters("dl.delivery_id = :id", {"id": delivery_id}, 1)
         return found[0] if found else None
 
-    async def list_dead_letters(
+    def list_dead_letters(
         self, selection: DeadLetterFilter = DeadLetterFilter(), limit: int = 100
     ) -> list[DeadLetter]:
         where, params = dead_letter_conditions(selection, lambda name: f":{name}",
                                                lambda when: when.timestamp())
-        return await self._run(self._dead_letters, where, params, limit)
+        return self._dead_letters(where, params, limit)
 
     def _dead_letters(self, where: str, params: dict[str, Any],
                       limit: int) -> list[DeadLetter]:
-        rows = self.conn.execute(
-            f"SELECT {DEAD_LETTER_COLUMNS} FROM postlane_dead_letters dl "
-            f"JOIN {ROWS} d ON d.id = dl.delivery_id WHERE {where} "
-            f"ORDER BY dl.dead_at, dl.delivery_id LIMIT :limit", {**params, "limit": limit},
-        ).fetchall()
+        rows = self.conn.execute(_where("dead_letters", where),
+                                 {**params, "limit": limit}).fetchall()
         return [
             DeadLetter(r[0], r[1], json.loads(r[2]), r[3], json.loads(r[4]), _dt(r[5]),
                        _opt_dt(r[6]), r[7], _opt_dt(r[8]), r[9], r[10], r[11], r[12])
             for r in rows
         ]
 
-    async def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
-        def _replay() -> set[int]:
-            replayed = set()
-            with self._write() as conn:
-                for delivery_id in ids:
-                    row = conn.execute(
-                        f"""UPDATE postlane_dead_letters
-                        SET replayed_at = {NOW}, replayed_by = ?, replay_count = replay_count + 1
-                        WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
-                            SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
-                              AND d.state IN ('dead', 'expired'))
-                        RETURNING replay_count""", (by, delivery_id),
-                    ).fetchone()
-                    if row is None:
-                        continue
-                    conn.execute(
-                        f"UPDATE postlane_deliveries SET state = 'pending', attempts = 0, "
-                        f"run_at = {NOW}, dead_reason = NULL, finished_at = NULL, "
-                        f"updated_at = {NOW} WHERE id = ?", (delivery_id,),
-                    )
-                    conn.execute(_INSERT_EVENT, (delivery_id, "replayed", "pending",
-                                                 json.dumps({"by": by, "replay": row[0]})))
-                    replayed.add(delivery_id)
-            return replayed
+    def replay_dead_letters(self, ids: Sequence[int], by: str) -> set[int]:
         if not ids:
             return set()
-        result = await self._run(_replay)
-        self._wakeup.set()
-        return result
+        replayed = set()
+        with self._write() as conn:
+            for delivery_id in ids:
+                row = conn.execute(Q["mark_dead_letter_replayed"], (by, delivery_id)).fetchone()
+                if row is None:
+                    continue
+                conn.execute(Q["replay_delivery"], (delivery_id,))
+                conn.execute(Q["insert_event"], (delivery_id, "replayed", "pending",
+                                                 json.dumps({"by": by, "replay": row[0]})))
+                replayed.add(delivery_id)
+        self.wake()
+        return replayed
 
-    async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
-        def _discard() -> bool:
-            with self._write() as conn:
-                row = conn.execute(
-                    f"""UPDATE postlane_dead_letters SET discarded_at = {NOW}, discard_reason = ?
-                    WHERE delivery_id = ? AND discarded_at IS NULL AND EXISTS (
-                        SELECT 1 FROM postlane_deliveries d WHERE d.id = delivery_id
-                          AND d.state IN ('dead', 'expired'))
-                    RETURNING delivery_id""", (reason, delivery_id),
-                ).fetchone()
-                if row is not None:
-                    conn.execute(_INSERT_EVENT, (delivery_id, "discarded", None,
+    def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["discard_dead_letter"], (reason, delivery_id)).fetchone()
+            if row is not None:
+                conn.execute(Q["insert_event"], (delivery_id, "discarded", None,
                                                  json.dumps({"by": by, "reason": reason})))
-                return row is not None
-        return await self._run(_discard)
+            return row is not None
 
-    async def find_deliveries(
+    @tolerating_bad_text
+    def find_deliveries(
         self, *, key: str | None = None, recipient: str | None = None,
         import_id: str | None = None, limit: int = 100,
     ) -> list[Delivery]:
         conditions, params = find_conditions(key, recipient, import_id, ":{}")
+        rows = self.conn.execute(_where("deliveries_where", conditions),
+                                 {**params, "limit": limit}).fetchall()
+        return [_read(self.conn, r) for r in rows]
 
-        def _find() -> list[Delivery]:
-            rows = self.conn.execute(
-                f"SELECT {_COLS} FROM {ROWS} WHERE {conditions} "
-                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
-            ).fetchall()
-            return [_read(self.conn, r) for r in rows]
-        return await self._run(self._tolerating_bad_text, _find)
-
-    async def list_deliveries(
+    @tolerating_bad_text
+    def list_deliveries(
         self, selection: DeliveryFilter = DeliveryFilter(), *, before: int | None = None,
         upto_id: int | None = None, limit: int = 100,
     ) -> list[Delivery]:
         where, params = delivery_conditions(selection, lambda name: f":{name}",
                                             before=before, upto_id=upto_id)
+        rows = self.conn.execute(_where("deliveries_where", where),
+                                 {**params, "limit": limit}).fetchall()
+        return [_read(self.conn, r) for r in rows]
 
-        def _list() -> list[Delivery]:
-            rows = self.conn.execute(
-                f"SELECT {_COLS} FROM {ROWS} WHERE {where} "
-                f"ORDER BY id DESC LIMIT :limit", {**params, "limit": limit},
-            ).fetchall()
-            return [_read(self.conn, r) for r in rows]
-        return await self._run(self._tolerating_bad_text, _list)
-
-    async def count_deliveries(
+    def count_deliveries(
         self, selection: DeliveryFilter = DeliveryFilter(), *, upto_id: int | None = None,
         cap: int | None = None,
     ) -> tuple[int, int]:
@@ -215,129 +150,74 @@ class OperatingMixin(SQLiteBase):
         if cap is not None:  # no order: any cap + 1 rows tell "more than cap"
             rows += " LIMIT :cap"
             params["cap"] = cap + 1
+        count, top = self.conn.execute(
+            f"SELECT count(*), COALESCE(max(id), 0) FROM ({rows})", params).fetchone()
+        return int(count), int(top)
 
-        def _count() -> tuple[int, int]:
-            count, top = self.conn.execute(
-                f"SELECT count(*), COALESCE(max(id), 0) FROM ({rows})", params).fetchone()
-            return int(count), int(top)
-        return await self._run(_count)
-
-    async def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+    def cancel_many(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
         if not ids:
             return set()
-
-        def _cancel_many() -> set[int]:
-            with self._write() as conn:
-                done = [row[0] for row in conn.execute(
-                    f"UPDATE postlane_deliveries SET state = 'cancelled', "
-                    f"finished_at = {NOW}, updated_at = {NOW} "
-                    f"WHERE id IN (SELECT value FROM json_each(?)) AND state = 'pending' "
-                    f"RETURNING id", (json.dumps(list(ids)),))]
-                data = json.dumps({"reason": reason, "by": by})
-                conn.executemany(_INSERT_EVENT, [(i, "cancelled", "cancelled", data)
+        with self._write() as conn:
+            done = [row[0] for row in conn.execute(Q["cancel_many"], (json.dumps(list(ids)),))]
+            data = json.dumps({"reason": reason, "by": by})
+            conn.executemany(Q["insert_event"], [(i, "cancelled", "cancelled", data)
                                                  for i in done])
-            return set(done)
-        return await self._run(_cancel_many)
+        return set(done)
 
-    async def discard_dead_letters(self, ids: Sequence[int], reason: str,
-                                   by: str) -> set[int]:
-        def _discard() -> set[int]:
-            discarded = set()
-            data = json.dumps({"by": by, "reason": reason})
-            with self._write() as conn:
-                for delivery_id in sorted(set(ids)):
-                    row = conn.execute(
-                        f"""UPDATE postlane_dead_letters SET discarded_at = {NOW},
-                        discard_reason = ? WHERE delivery_id = ? AND discarded_at IS NULL
-                        AND EXISTS (SELECT 1 FROM postlane_deliveries d
-                                    WHERE d.id = delivery_id AND d.state IN ('dead', 'expired'))
-                        RETURNING delivery_id""", (reason, delivery_id),
-                    ).fetchone()
-                    if row is not None:
-                        conn.execute(_INSERT_EVENT, (delivery_id, "discarded", None, data))
-                        discarded.add(delivery_id)
-            return discarded
-        return await self._run(_discard) if ids else set()
+    def discard_dead_letters(self, ids: Sequence[int], reason: str, by: str) -> set[int]:
+        if not ids:
+            return set()
+        discarded = set()
+        data = json.dumps({"by": by, "reason": reason})
+        with self._write() as conn:
+            for delivery_id in sorted(set(ids)):
+                row = conn.execute(Q["discard_dead_letter"], (reason, delivery_id)).fetchone()
+                if row is not None:
+                    conn.execute(Q["insert_event"], (delivery_id, "discarded", None, data))
+                    discarded.add(delivery_id)
+        return discarded
 
-    async def stats(self) -> Stats:
-        def _stats() -> Stats:
-            conn = self.conn
-            lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
-            for lane, depth, age in conn.execute(
-                f"SELECT lane, count(*), {NOW} - min(created_at) FROM postlane_deliveries "
-                f"WHERE state IN ('pending', 'sending') GROUP BY lane"
-            ):
-                lanes[lane] = LaneStats(int(depth), max(0.0, float(age or 0)))
-            # One pass over every row kept gives both the states and the arrivals per lane.
-            states = {str(s): 0 for s in State}
-            arrivals = {name: 0 for name in self.limits.lanes}
-            for lane, state, n in conn.execute(
-                "SELECT lane, state, count(*) FROM postlane_deliveries GROUP BY lane, state"
-            ):
-                states[state] = states.get(state, 0) + int(n)
-                arrivals[lane] = arrivals.get(lane, 0) + int(n)
-            for lane, n in conn.execute("SELECT lane, deliveries FROM postlane_pruned"):
-                arrivals[lane] = arrivals.get(lane, 0) + int(n)
-            attempts = {str(a): int(n) for a, n in conn.execute(
-                "SELECT attempts + 1, count(*) FROM postlane_deliveries "
-                "WHERE state IN ('pending', 'sending') GROUP BY 1 ORDER BY 1"
-            )}
-            dead, causes = dead_letter_counts(conn.execute(
-                "SELECT dl.reason, dl.cause, count(*) FROM postlane_dead_letters dl "
-                "JOIN postlane_deliveries d ON d.id = dl.delivery_id "
-                "WHERE dl.discarded_at IS NULL AND d.state IN ('dead', 'expired') "
-                "GROUP BY dl.reason, dl.cause"
-            ).fetchall())
-            return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead,
-                         dead_letter_causes=causes, arrivals=arrivals)
-        return await self._run(_stats)
+    def stats(self) -> Stats:
+        conn = self.conn
+        lanes = {name: LaneStats(0, 0.0) for name in self.limits.lanes}
+        for lane, depth, age in conn.execute(Q["lane_depths"]):
+            lanes[lane] = LaneStats(int(depth), max(0.0, float(age or 0)))
+        states = {str(s): 0 for s in State}
+        arrivals = {name: 0 for name in self.limits.lanes}
+        for lane, state, n in conn.execute(Q["lane_states"]):
+            states[state] = states.get(state, 0) + int(n)
+            arrivals[lane] = arrivals.get(lane, 0) + int(n)
+        for lane, n in conn.execute(Q["pruned_by_lane"]):
+            arrivals[lane] = arrivals.get(lane, 0) + int(n)
+        attempts = {str(a): int(n) for a, n in conn.execute(Q["attempts_in_flight"])}
+        dead, causes = dead_letter_counts(conn.execute(Q["dead_letter_counts"]).fetchall())
+        return Stats(lanes=lanes, states=states, attempts=attempts, dead_letters=dead,
+                     dead_letter_causes=causes, arrivals=arrivals)
 
-    async def cancel(self, delivery_id: int, reason: str = "") -> bool:
-        def _cancel() -> bool:
-            with self._write() as conn:
-                row = conn.execute(
-                    f"UPDATE postlane_deliveries SET state = 'cancelled', finished_at = {NOW}, "
-                    f"updated_at = {NOW} WHERE id = ? AND state IN ('pending', 'ambiguous') "
-                    f"RETURNING id", (delivery_id,)
-                ).fetchone()
-                if row:
-                    conn.execute(_INSERT_EVENT, (delivery_id, "cancelled", "cancelled",
+    def cancel(self, delivery_id: int, reason: str = "") -> bool:
+        with self._write() as conn:
+            row = conn.execute(Q["cancel"], (delivery_id,)).fetchone()
+            if row:
+                conn.execute(Q["insert_event"], (delivery_id, "cancelled", "cancelled",
                                                  json.dumps({"reason": reason})))
-                return row is not None
-        return await self._run(_cancel)
+            return row is not None
 
-    async def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
-        def _prune() -> int:
-            total = 0
-            while True:
-                with self._write() as conn:
-                    rows = conn.execute(
-                        f"""SELECT id, lane FROM postlane_deliveries
-                            WHERE finished_at IS NOT NULL AND (
-                                (state IN ('sent', 'expired', 'cancelled', 'suppressed')
-                                    AND finished_at < {NOW} - ?)
-                                OR (state = 'dead' AND finished_at < {NOW} - ?))
-                            LIMIT 5000""",
-                        (finished_before.total_seconds(), dead_before.total_seconds()),
-                    ).fetchall()
-                    ids = [r[0] for r in rows]
-                    batch = json.dumps(ids)
-                    # Arrivals per lane are kept + pruned: retention must not turn that
-                    # counter back.
-                    conn.executemany(
-                        "INSERT INTO postlane_pruned (lane, deliveries) VALUES (?, ?) "
-                        "ON CONFLICT (lane) DO UPDATE SET "
-                        "deliveries = deliveries + excluded.deliveries",
-                        list(Counter(r[1] for r in rows).items()))
-                    # The timeline and the messages have no foreign key (checked on
-                    # every insert); a delivery, its message and its events go together.
-                    conn.execute("DELETE FROM postlane_events WHERE delivery_id IN "
-                                 "(SELECT value FROM json_each(?))", (batch,))
-                    conn.execute("DELETE FROM postlane_messages WHERE id IN "
-                                 "(SELECT value FROM json_each(?))", (batch,))
-                    conn.execute("DELETE FROM postlane_deliveries WHERE id IN "
-                                 "(SELECT value FROM json_each(?))", (batch,))
-                total += len(ids)
-                if len(ids) < 5000:
-                    return total
-        return await self._run(_prune)
+    def prune(self, finished_before: timedelta, dead_before: timedelta) -> int:
+        total = 0
+        while True:
+            with self._write() as conn:
+                rows = conn.execute(Q["prunable"], (finished_before.total_seconds(),
+                                                    dead_before.total_seconds())).fetchall()
+                ids = [r[0] for r in rows]
+                batch = json.dumps(ids)
+                conn.executemany(Q["count_pruned"], list(Counter(r[1] for r in rows).items()))
+                for name in ("prune_events", "prune_messages", "prune_deliveries"):
+                    conn.execute(Q[name], (batch,))
+            total += len(ids)
+            if len(ids) < 5000:
+                return total
+
+
+def _where(name: str, where: str) -> str:
+    """Entry ``name`` with its ``__WHERE__`` filled by a filter assembled from its parts."""
+    return Q[name].replace("__WHERE__", where)

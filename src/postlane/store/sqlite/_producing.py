@@ -13,30 +13,9 @@ from postlane.core.producers import Held, check_held, first_by_key, held_from_ro
 from postlane.core.validation import validate
 from postlane.errors import StoreError
 from postlane.store.attachments import INSERT_SQLITE, rows_for
-from postlane.store.base import HELD_COLUMNS, HELD_FROM, enqueue_results, json_text
+from postlane.store.base import enqueue_results, json_text
 from postlane.store.migrations import not_migrated
-from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase
-
-# The message first: its unique key decides whether there is a delivery to create, and its
-# id (AUTOINCREMENT: never reused) becomes the delivery's. Writers are serialised, so
-# nothing can come between the two inserts.
-_MESSAGE_COLS = (
-    "idempotency_key, recipient, sender, subject, text_body, html_body, headers, metadata, "
-    "template_id, template_version, producer"
-)
-_DELIVERY_COLS = "id, lane, channel, import_id, run_at, expires_at, created_at, updated_at"
-INSERT_ONE = f"""
-INSERT INTO postlane_messages ({_MESSAGE_COLS})
-VALUES (:key, :recipient, :sender, :subject, :text, :html, :headers, :metadata, :template_id,
-        :template_version, :producer)
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id
-"""
-INSERT_DELIVERY = f"""
-INSERT INTO postlane_deliveries ({_DELIVERY_COLS})
-VALUES (:id, :lane, :channel, :import_id, {NOW} + :delay_s,
-        COALESCE(:expires_at, {NOW} + :expires_in_s), {NOW}, {NOW})
-"""
+from postlane.store.sqlite._base import Q, SQLiteEngine
 
 
 def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
@@ -79,10 +58,10 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
     A key held by another producer, or by ``producer`` for other content, raises
     ``KeyConflict`` (see ``core.producers``)."""
     params = message_params(message, producer)
-    row = conn.execute(INSERT_ONE, params).fetchone()
+    row = conn.execute(Q["insert_message"], params).fetchone()
     if row is not None:
-        conn.execute(INSERT_DELIVERY, {**params, "id": row[0]})
-        conn.execute(_INSERT_EVENT, (row[0], "enqueued", "pending", "{}"))
+        conn.execute(Q["insert_delivery"], {**params, "id": row[0]})
+        conn.execute(Q["insert_event"], (row[0], "enqueued", "pending", "{}"))
         result = EnqueueResult(row[0], message.key, created=True)
         if message.attachments:
             write_attachments(conn, [message], [result])
@@ -94,38 +73,10 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
     return EnqueueResult(held[0].id, message.key, created=False)
 
 
-_HELD_BY_KEYS = (
-    f"SELECT {HELD_COLUMNS} FROM {HELD_FROM} "
-    "WHERE m.idempotency_key IN (SELECT value FROM json_each(?))"
-)
-
-
 def held_by_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> list[Held]:
     """The existing deliveries of ``keys``: who holds each and what it will send."""
-    rows = conn.execute(_HELD_BY_KEYS, (json.dumps(list(keys)),)).fetchall()
+    rows = conn.execute(Q["held_by_keys"], (json.dumps(list(keys)),)).fetchall()
     return [held_from_row(row) for row in rows]
-
-
-# One statement for a whole batch: the rows travel as one JSON array (json.dumps is cheap,
-# a statement per row is not). Row fields by position, as _batch_row writes them.
-_INSERT_MANY = f"""
-INSERT INTO postlane_messages ({_MESSAGE_COLS})
-SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(10))}, :producer
-FROM json_each(:batch) WHERE true  -- (WHERE: SQLite's parser needs it before ON CONFLICT)
-ORDER BY key  -- ids in input order
-ON CONFLICT (idempotency_key) DO NOTHING
-RETURNING id, idempotency_key
-"""
-# The created messages' deliveries, one JSON array of [id, lane, channel, import_id,
-# delay_s, expires_at, expires_in_s] (from _delivery_row).
-_INSERT_MANY_DELIVERIES = f"""
-INSERT INTO postlane_deliveries ({_DELIVERY_COLS})
-SELECT {", ".join(f"json_extract(value, '$[{i}]')" for i in range(4))},
-       {NOW} + json_extract(value, '$[4]'),
-       COALESCE(json_extract(value, '$[5]'), {NOW} + json_extract(value, '$[6]')),
-       {NOW}, {NOW}
-FROM json_each(:rows)
-"""
 
 
 def _delivery_row(id_: int, m: Message) -> tuple[Any, ...]:
@@ -149,13 +100,13 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
         return []
     first = first_by_key(messages)
     created = dict((key, id_) for id_, key in conn.execute(
-        _INSERT_MANY, {"batch": json.dumps([_batch_row(m) for m in messages]),
+        Q["insert_messages"], {"batch": json.dumps([_batch_row(m) for m in messages]),
                        "producer": producer}))
     if created:
-        conn.execute(_INSERT_MANY_DELIVERIES, {"rows": json.dumps(
+        conn.execute(Q["insert_deliveries"], {"rows": json.dumps(
             [_delivery_row(id_, first[key]) for key, id_ in created.items()])})
     # Through a cursor: SQLAlchemy's adapted aiosqlite connection has no executemany.
-    conn.cursor().executemany(_INSERT_EVENT, [(id_, "enqueued", "pending", "{}")
+    conn.cursor().executemany(Q["insert_event"], [(id_, "enqueued", "pending", "{}")
                                      for id_ in created.values()])
     existing: dict[str, int] = {}
     missing = [key for key in first if key not in created]
@@ -176,25 +127,19 @@ def write_attachments(conn: sqlite3.Connection, messages: Sequence[Message],
         conn.cursor().executemany(INSERT_SQLITE, rows)
 
 
-class ProducingMixin(SQLiteBase):
+class ProducingMixin(SQLiteEngine):
     # -- producing -------------------------------------------------------------------------
-    async def enqueue(self, message: Message) -> EnqueueResult:
+    def enqueue(self, message: Message) -> EnqueueResult:
         validate(message, self.limits)
-
-        def _enqueue() -> EnqueueResult:
-            with self._write() as conn:
-                return insert_one(conn, message)
-        result = await self._run(_enqueue)
-        self._wakeup.set()
+        with self._write() as conn:
+            result = insert_one(conn, message)
+        self.wake()
         return result
 
-    async def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
+    def enqueue_many(self, messages: Sequence[Message]) -> list[EnqueueResult]:
         for message in messages:
             validate(message, self.limits)
-
-        def _enqueue_many() -> list[EnqueueResult]:
-            with self._write() as conn:
-                return insert_many(conn, messages)
-        results = await self._run(_enqueue_many)
-        self._wakeup.set()
+        with self._write() as conn:
+            results = insert_many(conn, messages)
+        self.wake()
         return results

@@ -24,171 +24,120 @@ from postlane.core.records import (
     Suppression,
     deliverability_from_rows,
 )
-from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase, _dt, _opt_dt
+from postlane.store.sqlite._base import Q, SQLiteEngine, _dt, _opt_dt
 
 
-class ProviderEventsMixin(SQLiteBase):
+class ProviderEventsMixin(SQLiteEngine):
     # -- provider events and the suppression list -------------------------------------------
-    async def record_provider_event(
+    def record_provider_event(
         self, event: ProviderEvent, policy: SuppressionPolicy = DEFAULT_POLICY,
     ) -> ProviderEventResult:
-        def _record() -> ProviderEventResult:
-            with self._write() as conn:
-                found = _event_delivery(conn, event)
-                delivery_id = found[0] if found else None
-                lane = event.lane or (found[1] if found else None)
-                recipient = event.recipient or (found[2] if found else None)
-                address = suppression_address(recipient) if recipient else None
-                inserted = conn.execute(
-                    f"INSERT INTO postlane_provider_events (provider, event_id, kind, "
-                    f"provider_message_id, delivery_id, received_at, recipient, lane) "
-                    f"VALUES (?, ?, ?, ?, ?, {NOW}, ?, ?) ON CONFLICT DO NOTHING "
-                    f"RETURNING event_id",
-                    (event.provider, event.event_id, event.kind, event.provider_message_id,
-                     delivery_id, address, lane),
-                ).fetchone()
-                if inserted is None:
-                    return ProviderEventResult(True, delivery_id, False)
-                changed = False
-                if found is not None:
-                    conn.execute(_INSERT_EVENT, (
-                        delivery_id, f"provider:{event.kind}", None,
-                        json.dumps({"provider": event.provider, "event_id": event.event_id,
-                                    **dict(event.data)}),
-                    ))
-                    current = conn.execute(
-                        "SELECT provider_status FROM postlane_deliveries WHERE id = ?",
-                        (delivery_id,),
-                    ).fetchone()[0]
-                    changed = (STATUS_RANK.get(event.kind, -1)
-                               > STATUS_RANK.get(current or "", -1))
-                    if changed:
-                        conn.execute("UPDATE postlane_deliveries SET provider_status = ? "
-                                     "WHERE id = ?", (event.kind, delivery_id))
-                if address is None or (found is None and event.lane is None):
-                    return ProviderEventResult(False, delivery_id, changed)
-                soft = 0
-                if counts_soft_bounces(event):
-                    soft = int(conn.execute(
-                        f"SELECT count(*) FROM postlane_provider_events WHERE recipient = ? "
-                        f"AND kind = 'soft_bounced' AND received_at > {NOW} - ?",
-                        (address, policy.soft_bounce_window.total_seconds()),
-                    ).fetchone()[0])
-                rule = suppression_for(event, lane, soft_bounces=soft, policy=policy)
-                if rule is None:
-                    return ProviderEventResult(False, delivery_id, changed)
-                _upsert_suppression(conn, address, rule.stream, rule.reason, delivery_id,
-                                    source_of(event), rule.expires_in)
-                return ProviderEventResult(False, delivery_id, changed, address)
-        return await self._run(_record)
+        with self._write() as conn:
+            found = _event_delivery(conn, event)
+            delivery_id = found[0] if found else None
+            lane = event.lane or (found[1] if found else None)
+            recipient = event.recipient or (found[2] if found else None)
+            address = suppression_address(recipient) if recipient else None
+            inserted = conn.execute(
+                Q["insert_provider_event"],
+                (event.provider, event.event_id, event.kind, event.provider_message_id,
+                 delivery_id, address, lane),
+            ).fetchone()
+            if inserted is None:
+                return ProviderEventResult(True, delivery_id, False)
+            changed = False
+            if found is not None:
+                conn.execute(Q["insert_event"], (
+                    delivery_id, f"provider:{event.kind}", None,
+                    json.dumps({"provider": event.provider, "event_id": event.event_id,
+                                **dict(event.data)}),
+                ))
+                current = conn.execute(Q["provider_status"], (delivery_id,)).fetchone()[0]
+                changed = (STATUS_RANK.get(event.kind, -1)
+                           > STATUS_RANK.get(current or "", -1))
+                if changed:
+                    conn.execute(Q["set_provider_status"], (event.kind, delivery_id))
+            if address is None or (found is None and event.lane is None):
+                return ProviderEventResult(False, delivery_id, changed)
+            soft = 0
+            if counts_soft_bounces(event):
+                soft = int(conn.execute(
+                    Q["recent_soft_bounces"],
+                    (address, policy.soft_bounce_window.total_seconds()),
+                ).fetchone()[0])
+            rule = suppression_for(event, lane, soft_bounces=soft, policy=policy)
+            if rule is None:
+                return ProviderEventResult(False, delivery_id, changed)
+            _upsert_suppression(conn, address, rule.stream, rule.reason, delivery_id,
+                                source_of(event), rule.expires_in)
+            return ProviderEventResult(False, delivery_id, changed, address)
 
-    async def suppress(self, address: str, stream: str, reason: str,
+    def suppress(self, address: str, stream: str, reason: str,
                        delivery_id: int | None = None, *, source_event: str | None = None,
                        expires_in: timedelta | None = None) -> bool:
-        def _suppress() -> bool:
-            with self._write() as conn:
-                return _upsert_suppression(conn, suppression_address(address), stream, reason,
-                                           delivery_id, source_event, expires_in)
-        return await self._run(_suppress)
+        with self._write() as conn:
+            return _upsert_suppression(conn, suppression_address(address), stream, reason,
+                                       delivery_id, source_event, expires_in)
 
-    async def unsuppress(self, address: str, stream: str | None = None) -> int:
-        def _unsuppress() -> int:
-            with self._write() as conn:
-                cur = conn.execute(
-                    "DELETE FROM postlane_suppressions WHERE address IN "
-                    "(SELECT value FROM json_each(?)) AND (? IS NULL OR stream = ?)",
-                    (json.dumps(address_spellings(address)), stream, stream),
-                )
-                return cur.rowcount
-        return await self._run(_unsuppress)
+    def unsuppress(self, address: str, stream: str | None = None) -> int:
+        with self._write() as conn:
+            cur = conn.execute(
+                Q["unsuppress"],
+                (json.dumps(address_spellings(address)), stream, stream),
+            )
+            return cur.rowcount
 
-    async def list_suppressions(self, address: str | None = None,
+    def list_suppressions(self, address: str | None = None,
                                 limit: int = 100) -> list[Suppression]:
-        def _list() -> list[Suppression]:
-            key = json.dumps(address_spellings(address)) if address else None
-            rows = self.conn.execute(
-                "SELECT address, stream, reason, delivery_id, created_at, source_event, "
-                "expires_at FROM postlane_suppressions "
-                "WHERE (? IS NULL OR address IN (SELECT value FROM json_each(?))) "
-                "ORDER BY created_at DESC LIMIT ?", (key, key, limit),
-            ).fetchall()
-            return [Suppression(r[0], r[1], r[2], r[3], _dt(r[4]), r[5], _opt_dt(r[6]))
-                    for r in rows]
-        return await self._run(_list)
+        key = json.dumps(address_spellings(address)) if address else None
+        rows = self.conn.execute(
+            Q["list_suppressions"], (key, key, limit),
+        ).fetchall()
+        return [Suppression(r[0], r[1], r[2], r[3], _dt(r[4]), r[5], _opt_dt(r[6]))
+                for r in rows]
 
-    async def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
+    def suppressed_among(self, deliveries: Sequence[Delivery]) -> dict[int, str]:
         if not deliveries:
             return {}
         batch = json.dumps([{"id": d.id, "address": a, "lane": d.lane}
                             for d in deliveries for a in address_spellings(d.recipient)])
+        rows = self.conn.execute(Q["suppressed_among"], (batch,)).fetchall()
+        return {int(r[0]): r[1] for r in rows}
 
-        def _among() -> dict[int, str]:
-            rows = self.conn.execute(
-                f"SELECT json_extract(t.value, '$.id'), s.reason FROM json_each(?) t "
-                f"JOIN postlane_suppressions s "
-                f"ON s.address = json_extract(t.value, '$.address') "
-                f"AND s.stream IN (json_extract(t.value, '$.lane'), '*') "
-                f"AND (s.expires_at IS NULL OR s.expires_at > {NOW})", (batch,),
-            ).fetchall()
-            return {int(r[0]): r[1] for r in rows}
-        return await self._run(_among)
-
-    async def requeue_suppressed(self, address: str) -> list[int]:
-        def _requeue() -> list[int]:
-            with self._write() as conn:
-                ids = [r[0] for r in conn.execute(
-                    f"UPDATE postlane_deliveries SET state = 'pending', run_at = {NOW}, "
-                    f"finished_at = NULL, updated_at = {NOW} "
-                    f"WHERE state = 'suppressed' AND id IN (SELECT id FROM postlane_messages "
-                    f"WHERE lower(recipient) IN (SELECT value FROM json_each(?))) RETURNING id",
-                    (json.dumps(address_spellings(address)),),
-                ).fetchall()]
-                conn.executemany(_INSERT_EVENT, [(i, "unsuppressed", "pending", "{}")
+    def requeue_suppressed(self, address: str) -> list[int]:
+        with self._write() as conn:
+            ids = [r[0] for r in conn.execute(
+                Q["requeue_suppressed"],
+                (json.dumps(address_spellings(address)),),
+            ).fetchall()]
+            conn.executemany(Q["insert_event"], [(i, "unsuppressed", "pending", "{}")
                                                  for i in ids])
-                return sorted(ids)
-        ids = await self._run(_requeue)
-        self._wakeup.set()
-        return ids
+        self.wake()
+        return sorted(ids)
 
-    async def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
+    def deliverability(self, window: timedelta) -> dict[str, LaneDeliverability]:
         seconds = window.total_seconds()
+        sent = {lane: int(n) for lane, n in self.conn.execute(
+            Q["sent_by_lane"], (seconds,)).fetchall()}
+        events = self.conn.execute(Q["provider_events_by_lane"], (seconds,)).fetchall()
+        return deliverability_from_rows(self.limits.lanes, sent, events)
 
-        def _read() -> dict[str, LaneDeliverability]:
-            sent = {lane: int(n) for lane, n in self.conn.execute(
-                f"SELECT lane, count(*) FROM postlane_deliveries WHERE state = 'sent' "
-                f"AND finished_at > {NOW} - ? GROUP BY lane", (seconds,),
-            ).fetchall()}
-            events = self.conn.execute(
-                f"SELECT lane, kind, count(*) FROM postlane_provider_events "
-                f"WHERE lane IS NOT NULL AND received_at > {NOW} - ? GROUP BY lane, kind",
-                (seconds,),
-            ).fetchall()
-            return deliverability_from_rows(self.limits.lanes, sent, events)
-        return await self._run(_read)
-
-    async def provider_event_totals(self) -> dict[tuple[str, str], int]:
-        def _read() -> dict[tuple[str, str], int]:
-            return {(kind, lane): int(n) for kind, lane, n in self.conn.execute(
-                "SELECT kind, COALESCE(lane, ''), count(*) FROM postlane_provider_events "
-                "GROUP BY 1, 2").fetchall()}
-        return await self._run(_read)
+    def provider_event_totals(self) -> dict[tuple[str, str], int]:
+        return {(kind, lane): int(n) for kind, lane, n in self.conn.execute(
+            Q["provider_event_totals"]).fetchall()}
 
 
 def _event_delivery(conn: sqlite3.Connection,
                     event: ProviderEvent) -> tuple[int, str, str] | None:
     """(id, lane, recipient) of the delivery an event concerns: by id, provider message id,
     then idempotency key (see ``ProviderEvent``)."""
-    lookups = (("d.id", event.delivery_id),
-               ("d.provider_message_id", event.provider_message_id),
-               ("m.idempotency_key", event.idempotency_key))
-    for column, value in lookups:
+    lookups = (("event_delivery_by_id", event.delivery_id),
+               ("event_delivery_by_provider_message_id", event.provider_message_id),
+               ("event_delivery_by_key", event.idempotency_key))
+    for name, value in lookups:
         if value is None:
             continue
-        row = conn.execute(
-            f"SELECT d.id, d.lane, m.recipient FROM postlane_deliveries d "
-            f"JOIN postlane_messages m ON m.id = d.id WHERE {column} = ? "
-            f"ORDER BY d.id DESC LIMIT 1", (value,),
-        ).fetchone()
+        row = conn.execute(Q[name], (value,)).fetchone()
         if row is not None:
             return int(row[0]), str(row[1]), str(row[2])
     return None
@@ -201,16 +150,7 @@ def _upsert_suppression(conn: sqlite3.Connection, address: str, stream: str, rea
     entry that a hard bounce makes permanent); True when something was written."""
     seconds = None if expires_in is None else expires_in.total_seconds()
     row = conn.execute(
-        f"""INSERT INTO postlane_suppressions
-                (address, stream, reason, delivery_id, created_at, source_event, expires_at)
-            VALUES (?, ?, ?, ?, {NOW}, ?, {NOW} + ?)
-            ON CONFLICT (address, stream) DO UPDATE SET reason = excluded.reason,
-                delivery_id = excluded.delivery_id, source_event = excluded.source_event,
-                expires_at = excluded.expires_at, created_at = excluded.created_at
-            WHERE postlane_suppressions.expires_at IS NOT NULL
-              AND (excluded.expires_at IS NULL
-                   OR excluded.expires_at > postlane_suppressions.expires_at)
-            RETURNING address""",
+        Q["upsert_suppression"],
         (address, stream, reason, delivery_id, source_event, seconds),
     ).fetchone()
     return row is not None

@@ -16,195 +16,136 @@ from postlane.core.producers import FALLBACK_PRODUCER
 from postlane.core.records import ChannelStats, FallbackPair, ImportCanary
 from postlane.store.base import CHANNEL_STATS as _CHANNEL_STATS
 from postlane.store.base import channel_stats as _channel_stats
-from postlane.store.base import qualified_columns
-from postlane.store.sqlite._base import _INSERT_EVENT, NOW, SQLiteBase, _dt, _opt_dt, _read
+from postlane.store.sqlite._base import (
+    Q,
+    SQLiteEngine,
+    _dt,
+    _opt_dt,
+    _read,
+    tolerating_bad_text,
+)
 from postlane.store.sqlite._producing import insert_one
-
-# The flag is in the message (metadata), the state in the narrow row: the partial index
-# over messages that carry a fallback (0010) finds the few, their narrow rows filter.
-_CANDIDATES = f"""
-SELECT {qualified_columns("d", "m")}
-FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
-WHERE CASE WHEN json_valid(m.metadata) THEN json_type(m.metadata, '$.sms_fallback') END
-          IS NOT NULL  -- the partial index
-  AND d.state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')
-  AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
-  AND (d.state IN ('dead', 'expired')
-       OR d.created_at + COALESCE(CASE WHEN json_valid(m.metadata) THEN
-                                  json_extract(m.metadata, '$.sms_fallback.after_s') END,
-                                  :after_s) <= {NOW})
-ORDER BY m.id
-LIMIT :limit
-"""
-_PAIR_COLS = "email_id, sms_id, reason, created_at"
-_CANARY_COLS = "import_id, size, keys, state, reason, created_at, settled_at"
-_CANARY_STATES = """
-SELECT d.state, count(*), min(CASE WHEN d.state IN ('dead', 'expired') THEN
-           m.idempotency_key || ' ' || d.state || ' (' || COALESCE(d.dead_reason, d.state)
-           || '): ' || COALESCE(substr(d.last_error, 1, 300), '') END)
-FROM postlane_messages AS m JOIN postlane_deliveries AS d ON d.id = m.id
-WHERE d.import_id = :import_id AND m.idempotency_key IN (SELECT value FROM json_each(:keys))
-GROUP BY d.state
-"""
-_HELD_WHERE = f"import_id = :import_id AND state = 'pending' AND run_at > {NOW} + :beyond_s"
 
 
 def _pair(row: Sequence[Any]) -> FallbackPair:
     return FallbackPair(row[0], row[1], row[2], _dt(row[3]))
 
 
-class SecondChannelMixin(SQLiteBase):
+class SecondChannelMixin(SQLiteEngine):
     # -- SMS fallbacks ---------------------------------------------------------------------
-    async def list_fallback_candidates(
+    @tolerating_bad_text
+    def list_fallback_candidates(
         self, unsent_after_s: float | None, limit: int = 100
     ) -> list[Delivery]:
-        def _list() -> list[Delivery]:
-            rows = self.conn.execute(_CANDIDATES, {"after_s": unsent_after_s,
-                                                   "limit": limit}).fetchall()
-            return [_read(self.conn, r) for r in rows]
-        return await self._run(self._tolerating_bad_text, _list)
+        rows = self.conn.execute(Q["fallback_candidates"], {"after_s": unsent_after_s,
+                                                          "limit": limit}).fetchall()
+        return [_read(self.conn, r) for r in rows]
 
-    async def create_sms_fallback(
+    def create_sms_fallback(
         self, email_id: int, states: Sequence[str], message: Message | None, reason: str
     ) -> FallbackPair | None:
         assert set(states) <= set(CANDIDATE_STATES)
+        with self._write() as conn:
+            row = conn.execute(Q["fallback_email"], (email_id,)).fetchone()
+            if row is None or row[0] not in states:
+                return None
+            state, email_key = row
+            if conn.execute(Q["has_sms_fallback"], (email_id,)).fetchone():
+                return None
+            sms_id: int | None = None
+            if message is not None:
+                sms_id = insert_one(conn, message, FALLBACK_PRODUCER,
+                                    compare_content=False).id
+            pair = conn.execute(Q["insert_sms_fallback"],
+                                (email_id, sms_id, reason)).fetchone()
+            _pair_events(conn, email_id, state, email_key, sms_id, message, reason)
+        if sms_id is not None:
+            self.wake()
+        return _pair(pair)
 
-        def _create() -> FallbackPair | None:
-            with self._write() as conn:
-                row = conn.execute(
-                    "SELECT d.state, m.idempotency_key FROM postlane_deliveries d "
-                    "JOIN postlane_messages m ON m.id = d.id WHERE d.id = ?",
-                    (email_id,)).fetchone()
-                if row is None or row[0] not in states:
-                    return None
-                state, email_key = row
-                if conn.execute("SELECT 1 FROM postlane_sms_fallbacks WHERE email_id = ?",
-                                (email_id,)).fetchone():
-                    return None
-                sms_id: int | None = None
-                if message is not None:
-                    sms_id = insert_one(conn, message, FALLBACK_PRODUCER,
-                                        compare_content=False).id
-                pair = conn.execute(
-                    f"INSERT INTO postlane_sms_fallbacks (email_id, sms_id, reason, created_at) "
-                    f"VALUES (?, ?, ?, {NOW}) RETURNING {_PAIR_COLS}",
-                    (email_id, sms_id, reason)).fetchone()
-                _pair_events(conn, email_id, state, email_key, sms_id, message, reason)
-            return _pair(pair)
-        created = await self._run(_create)
-        if created is not None and created.sms_id is not None:
-            self._wakeup.set()
-        return created
+    def channel_stats(self) -> ChannelStats:
+        return _channel_stats(self.conn.execute(_CHANNEL_STATS).fetchall())
 
-    async def channel_stats(self) -> ChannelStats:
-        return _channel_stats(await self._run(
-            lambda: self.conn.execute(_CHANNEL_STATS).fetchall()))
-
-    async def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
-        def _get() -> FallbackPair | None:
-            row = self.conn.execute(
-                f"SELECT {_PAIR_COLS} FROM postlane_sms_fallbacks "
-                "WHERE email_id = ? OR sms_id = ? ORDER BY email_id LIMIT 1",
-                (delivery_id, delivery_id)).fetchone()
-            return _pair(row) if row else None
-        return await self._run(_get)
+    def sms_fallback_pair(self, delivery_id: int) -> FallbackPair | None:
+        row = self.conn.execute(Q["sms_fallback_pair"], (delivery_id, delivery_id)).fetchone()
+        return _pair(row) if row else None
 
     # -- import canaries -------------------------------------------------------------------
-    async def start_import_canary(
+    def start_import_canary(
         self, import_id: str, size: int, keys: Sequence[str]
     ) -> ImportCanary:
-        def _start() -> ImportCanary:
-            with self._write() as conn:
-                conn.execute(
-                    f"INSERT INTO postlane_import_canaries (import_id, size, keys, created_at) "
-                    f"VALUES (?, ?, ?, {NOW}) ON CONFLICT (import_id) DO NOTHING",
-                    (import_id, size, json.dumps(list(keys))))
-            canary = _canary(self.conn, import_id)
-            assert canary is not None
-            return canary
-        return await self._run(_start)
+        with self._write() as conn:
+            conn.execute(
+                Q["start_import_canary"], (import_id, size, json.dumps(list(keys))))
+        canary = _canary(self.conn, import_id)
+        assert canary is not None
+        return canary
 
-    async def get_import_canary(self, import_id: str) -> ImportCanary | None:
-        return await self._run(_canary, self.conn, import_id)
+    def get_import_canary(self, import_id: str) -> ImportCanary | None:
+        return _canary(self.conn, import_id)
 
-    async def list_waiting_canaries(self, limit: int = 100) -> list[ImportCanary]:
-        def _list() -> list[ImportCanary]:
-            ids = [r[0] for r in self.conn.execute(
-                "SELECT import_id FROM postlane_import_canaries WHERE state = 'waiting' "
-                "ORDER BY created_at LIMIT ?", (limit,))]
-            found = [_canary(self.conn, import_id) for import_id in ids]
-            return [c for c in found if c is not None]
-        return await self._run(_list)
+    def list_waiting_canaries(self, limit: int = 100) -> list[ImportCanary]:
+        ids = [r[0] for r in self.conn.execute(Q["waiting_canaries"], (limit,))]
+        found = [_canary(self.conn, import_id) for import_id in ids]
+        return [c for c in found if c is not None]
 
-    async def settle_import_canary(self, import_id: str, passed: bool, reason: str) -> bool:
-        def _settle() -> bool:
-            with self._write() as conn:
-                row = conn.execute(
-                    f"UPDATE postlane_import_canaries SET state = ?, reason = ?, "
-                    f"settled_at = {NOW} WHERE import_id = ? AND state = 'waiting' RETURNING 1",
-                    ("passed" if passed else "failed", reason, import_id)).fetchone()
-                if row is None:
-                    return False
-                if passed:
-                    _release(conn, import_id, "the import's canary passed")
-            return True
-        settled = await self._run(_settle)
-        if settled and passed:
-            self._wakeup.set()
-        return settled
+    def settle_import_canary(self, import_id: str, passed: bool, reason: str) -> bool:
+        with self._write() as conn:
+            row = conn.execute(
+                Q["settle_import_canary"],
+                ("passed" if passed else "failed", reason, import_id)).fetchone()
+            if row is None:
+                return False
+            if passed:
+                _release(conn, import_id, "the import's canary passed")
+        if passed:
+            self.wake()
+        return True
 
-    async def release_import_hold(self, import_id: str) -> int:
-        def _release_hold() -> int:
-            with self._write() as conn:
-                conn.execute(
-                    f"UPDATE postlane_import_canaries SET state = 'released', settled_at = {NOW}, "
-                    "reason = COALESCE(reason || '; ', '') || 'released by an operator' "
-                    "WHERE import_id = ? AND state IN ('waiting', 'failed')", (import_id,))
-                return _release(conn, import_id, "released by an operator")
-        released = await self._run(_release_hold)
-        self._wakeup.set()
+    def release_import_hold(self, import_id: str) -> int:
+        with self._write() as conn:
+            conn.execute(Q["release_import_canary"], (import_id,))
+            released = _release(conn, import_id, "released by an operator")
+        self.wake()
         return released
 
 
 def _pair_events(conn: sqlite3.Connection, email_id: int, state: str, email_key: str,
                  sms_id: int | None, message: Message | None, reason: str) -> None:
     if message is None or sms_id is None:
-        conn.execute(_INSERT_EVENT, (email_id, "sms_fallback_skipped", state, json.dumps(
+        conn.execute(Q["insert_event"], (email_id, "sms_fallback_skipped", state, json.dumps(
             {"reason": reason, "why": f"the fallback policy does not fall back on {reason}"})))
         return
     sms = dict(message.metadata.get("sms", {}))
-    conn.execute(_INSERT_EVENT, (email_id, "sms_fallback", state, json.dumps(
+    conn.execute(Q["insert_event"], (email_id, "sms_fallback", state, json.dumps(
         {"sms_id": sms_id, "sms_key": message.key, "reason": reason, **sms})))
-    conn.execute(_INSERT_EVENT, (sms_id, "fallback_of", "pending", json.dumps(
+    conn.execute(Q["insert_event"], (sms_id, "fallback_of", "pending", json.dumps(
         {"email_id": email_id, "email_key": email_key, "reason": reason, **sms})))
 
 
 def _canary(conn: sqlite3.Connection, import_id: str) -> ImportCanary | None:
-    row = conn.execute(
-        f"SELECT {_CANARY_COLS} FROM postlane_import_canaries WHERE import_id = ?",
-        (import_id,)).fetchone()
+    row = conn.execute(Q["import_canary"], (import_id,)).fetchone()
     if row is None:
         return None
     keys = tuple(json.loads(row[2]))
     states: dict[str, int] = {}
     failures = []
     for state, count, failure in conn.execute(
-            _CANARY_STATES, {"import_id": import_id, "keys": json.dumps(list(keys))}):
+            Q["canary_states"], {"import_id": import_id, "keys": json.dumps(list(keys))}):
         states[state] = count
         if failure:
             failures.append(failure)
-    held = conn.execute(f"SELECT count(*) FROM postlane_deliveries WHERE {_HELD_WHERE}",
-                        {"import_id": import_id,
-                         "beyond_s": HELD_BEYOND.total_seconds()}).fetchone()[0]
+    held = conn.execute(Q["canary_held"], {"import_id": import_id,
+                                           "beyond_s": HELD_BEYOND.total_seconds()}
+                        ).fetchone()[0]
     return ImportCanary(row[0], row[1], keys, row[3], row[4], _dt(row[5]), _opt_dt(row[6]),
                         states, min(failures) if failures else None, held)
 
 
 def _release(conn: sqlite3.Connection, import_id: str, why: str) -> int:
     rows = conn.execute(
-        f"UPDATE postlane_deliveries SET run_at = {NOW}, updated_at = {NOW} "
-        f"WHERE {_HELD_WHERE} RETURNING id",
+        Q["release_canary_held"],
         {"import_id": import_id, "beyond_s": HELD_BEYOND.total_seconds()}).fetchall()
-    conn.executemany(_INSERT_EVENT, [(r[0], "released", "pending", json.dumps({"why": why}))
-                                     for r in rows])
+    conn.executemany(Q["insert_event"],
+                     [(r[0], "released", "pending", json.dumps({"why": why})) for r in rows])
     return len(rows)
