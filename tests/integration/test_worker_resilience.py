@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from postlane import Message, State
+from postlane.core.attachments import Attachment
 from postlane.limiter.base import Reservation
 from postlane.limiter.memory import MemoryLimiter
 from postlane.providers.testing import RecordingProvider
@@ -113,8 +114,13 @@ async def test_database_errors_are_ridden_out(store: Store, failing: set[str]) -
     task = asyncio.create_task(worker.run())
     await asyncio.sleep(0.3)
     flaky.down = True
+    # Parts are read only for deliveries that have some (the claim says which): give them
+    # some where that read is the one failing.
+    parts = ((Attachment("a.txt", b"x", "text/plain"),) if "attachments_among" in failing
+             else ())
     for i in range(20):
-        await store.enqueue(Message(key=f"d{i}", to=f"u{i}@example.com", text="t"))
+        await store.enqueue(Message(key=f"d{i}", to=f"u{i}@example.com", text="t",
+                                    attachments=parts))
 
     async def failed() -> bool:
         return flaky.failures >= 3
