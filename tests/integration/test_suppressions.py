@@ -207,7 +207,7 @@ async def test_a_claims_hints_never_skip_a_suppressed_address_or_stored_parts(
     """The claim may tell the worker to skip the suppression check or the read of parts
     (``Delivery.may_be_suppressed``, ``has_attachments``). A hint may only ever say "look":
     every address the exact check suppresses, in any spelling or case, and every delivery
-    with parts must be marked; a plain one is left unmarked where the engine gives hints."""
+    with parts must be marked; a plain one is left unmarked."""
     from postlane.core.attachments import Attachment
 
     await store.suppress("gone@example.com", "*", "hard_bounce")
@@ -238,7 +238,7 @@ async def test_a_claims_hints_never_skip_a_suppressed_address_or_stored_parts(
     assert by_key["hint:parts"].has_attachments is not False
     parts = await store.attachments_among([d.id for d in claimed])
     assert set(parts) == {by_key["hint:parts"].id}
-    if store.engine == "postgres":  # the engine that gives hints: plain rows are skipped
-        assert not by_key["hint:plain"].may_be_suppressed
-        assert by_key["hint:plain"].has_attachments is False
-        assert by_key["hint:parts"].has_attachments is True
+    # Plain rows are left unmarked: no check, no read.
+    assert not by_key["hint:plain"].may_be_suppressed
+    assert by_key["hint:plain"].has_attachments is False
+    assert by_key["hint:parts"].has_attachments is True

@@ -207,12 +207,20 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def _delivery(row: Sequence[Any]) -> Delivery:
+_HINTS = len(DELIVERY_COLUMNS)
+
+
+def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
     """The row as a ``Delivery``, or, when it cannot be read, as an ``UnreadableDelivery``
-    (see ``postlane.store.unreadable``) rather than an error that fails its whole batch."""
+    (see ``postlane.store.unreadable``) rather than an error that fails its whole batch. A
+    ``hinted`` row (a claim's) ends with ``may_be_suppressed`` and ``has_attachments``."""
     try:
+        if hinted:
+            return _decode(row[:_HINTS], may_be_suppressed=bool(row[_HINTS]),
+                           has_attachments=bool(row[_HINTS + 1]))
         return _decode(row)
     except Exception as exc:
+        row = row[:_HINTS]
         return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, exc)
 
 
@@ -223,17 +231,19 @@ def _text_or_error(data: bytes) -> str | UnicodeDecodeError:
         return exc
 
 
-def _read(conn: sqlite3.Connection, row: Sequence[Any]) -> Delivery:
+def _read(conn: sqlite3.Connection, row: Sequence[Any], hinted: bool = False) -> Delivery:
     """``_delivery``, also for a row read while tolerating bad text: a column that is not
     UTF-8 makes it an ``UnreadableDelivery`` (see ``_tolerating_bad_text``)."""
     if conn.text_factory is not str:
         bad = next((v for v in row if isinstance(v, UnicodeDecodeError)), None)
         if bad is not None:
-            return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, bad)
-    return _delivery(row)
+            return read_columns(dict(zip(DELIVERY_COLUMNS, row[:_HINTS], strict=True)),
+                                _DECODERS, bad)
+    return _delivery(row, hinted)
 
 
-def _decode(row: Sequence[Any]) -> Delivery:
+def _decode(row: Sequence[Any], *, may_be_suppressed: bool = True,
+            has_attachments: bool | None = None) -> Delivery:
     # Unpacked by position (DELIVERY_COLUMNS' order, checked by a test): a dict per row was
     # a measurable part of a claim's client time.
     (id_, key, lane, channel, recipient, sender, subject, text, html, headers, metadata,
@@ -250,4 +260,5 @@ def _decode(row: Sequence[Any]) -> Delivery:
         _dt(run_at), _opt_dt(expires_at), lease_owner, _opt_dt(lease_expires_at),
         _opt_dt(attempt_started_at), provider_message_id, dead_reason, last_error,
         _dt(created_at), _dt(updated_at), _opt_dt(sent_at), _opt_dt(finished_at),
+        may_be_suppressed=may_be_suppressed, has_attachments=has_attachments,
     )

@@ -54,7 +54,7 @@ class ClaimsMixin(SQLiteEngine):
                 for id_, claims in rows]),))
             rows = conn.execute(Q["claimed_rows"],
                                 (json.dumps([r[0] for r in rows]),)).fetchall()
-        return [_read(self.conn, r) for r in rows]
+        return [_read(self.conn, r, hinted=True) for r in rows]
 
     def _guarded_ids(self, sql: str, owner: str, claims: Sequence[Claim],
                      extra: dict[str, Any]) -> set[int]:

@@ -59,9 +59,18 @@ WHERE id IN (
 RETURNING id, claims
 
 -- name: claimed_rows
--- The claim rewrote only the narrow rows; the messages are read here.
-SELECT {{delivery_columns}} FROM postlane_delivery_rows
-WHERE id IN (SELECT value FROM json_each(?)) ORDER BY run_at, id
+-- The claim rewrote only the narrow rows; the messages are read here, with the two hints
+-- PostgreSQL's claim gives (see there). GLOB '*[^ -~]*': a character outside printable
+-- ASCII (SQLite has no regular expressions by default); SQLite's lower() folds ASCII only,
+-- which is all the hint relies on.
+SELECT {{delivery_columns}},
+       r.recipient GLOB '*[^ -~]*' OR EXISTS (
+           SELECT 1 FROM postlane_suppressions s WHERE s.address = lower(r.recipient)
+       ) AS may_be_suppressed,
+       EXISTS (SELECT 1 FROM postlane_attachments a WHERE a.delivery_id = r.id)
+           AS has_attachments
+FROM postlane_delivery_rows r
+WHERE r.id IN (SELECT value FROM json_each(?)) ORDER BY run_at, id
 
 -- name: start_attempts
 -- Guarded as on PostgreSQL: leased to me (claim number and owner), lease not yet expired.
