@@ -318,7 +318,9 @@ async def test_a_bulk_cancel_racing_a_worker_never_cancels_what_was_sent(store: 
     n = 300
     await store.enqueue_many([Message(key=f"race:{i}", to=f"r{i}@example.com", text="t",
                                       lane="bulk") for i in range(n)])
-    provider = RecordingProvider(latency_s=0.001)
+    # Sends slow enough that the drain outlasts a few of the operator's slices on either
+    # engine (SQLite's, on the store's one thread, once drained it before the first slice).
+    provider = RecordingProvider(latency_s=0.01)
     acted = 0
     async with running(Worker(store, provider, config=fast_config(concurrency=8,
                                                                   batch_size=5))):
