@@ -96,10 +96,7 @@ class OperatingMixin(PostgresBase):
             return {row[0] for row in await cur.fetchall()}
 
     async def discard_dead_letter(self, delivery_id: int, reason: str, by: str) -> bool:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["discard_dead_letter"],
-                                     {"id": delivery_id, "reason": reason, "by": by})
-            return await cur.fetchone() is not None
+        return bool(await self.discard_dead_letters([delivery_id], reason, by))
 
     async def find_deliveries(
         self, *, key: str | None = None, recipient: str | None = None,
@@ -107,7 +104,7 @@ class OperatingMixin(PostgresBase):
     ) -> list[Delivery]:
         conditions, params = _find_conditions(key, recipient, import_id, "%({})s")
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["find_deliveries"].replace("__WHERE__", conditions),
+            cur = await conn.execute(Q["deliveries_where"].replace("__WHERE__", conditions),
                                      {**params, "limit": limit})
             return await _deliveries(cur)
 
@@ -118,7 +115,7 @@ class OperatingMixin(PostgresBase):
         where, params = delivery_conditions(selection, lambda name: f"%({name})s",
                                             before=before, upto_id=upto_id)
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["list_deliveries"].replace("__WHERE__", where),
+            cur = await conn.execute(Q["deliveries_where"].replace("__WHERE__", where),
                                      {**params, "limit": limit})
             return await _deliveries(cur)
 
@@ -152,8 +149,8 @@ class OperatingMixin(PostgresBase):
         if not ids:
             return set()
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["discard_dead_letters"], {"ids": list(ids), "reason": reason,
-                                                     "by": by})
+            cur = await conn.execute(Q["discard_dead_letters"],
+                                     {"ids": list(ids), "reason": reason, "by": by})
             return {row[0] for row in await cur.fetchall()}
 
     async def stats(self) -> Stats:

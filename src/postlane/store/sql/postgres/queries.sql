@@ -423,27 +423,9 @@ WITH dl AS (
 )
 SELECT id FROM u
 
--- name: discard_dead_letter
-WITH dl AS (
-    UPDATE postlane_dead_letters dl SET discarded_at = now(), discard_reason = %(reason)s
-    FROM postlane_deliveries d
-    WHERE dl.delivery_id = %(id)s AND d.id = dl.delivery_id
-      AND d.state IN ('dead', 'expired') AND dl.discarded_at IS NULL
-    RETURNING dl.delivery_id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state, data)
-    SELECT delivery_id, 'discarded', NULL,
-           jsonb_build_object('by', %(by)s::text, 'reason', %(reason)s::text) FROM dl
-)
-SELECT delivery_id FROM dl
-
--- name: find_deliveries
--- The WHERE marker: store.base.find_conditions.
-SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE __WHERE__
-ORDER BY id DESC LIMIT %(limit)s
-
--- name: list_deliveries
--- The WHERE marker: store.base.delivery_conditions.
+-- name: deliveries_where
+-- The WHERE marker: store.base.find_conditions (find_deliveries) or delivery_conditions
+-- (list_deliveries).
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE __WHERE__
 ORDER BY id DESC LIMIT %(limit)s
 
@@ -489,6 +471,7 @@ WITH u AS (
 SELECT id FROM u
 
 -- name: discard_dead_letters
+-- One entry or many (discard_dead_letter passes one id).
 WITH dl AS (
     UPDATE postlane_dead_letters dl SET discarded_at = now(), discard_reason = %(reason)s
     FROM postlane_deliveries d
