@@ -67,11 +67,7 @@ class Attempt:
         ended = asyncio.Event()
         task.add_done_callback(lambda _: ended.set())
         try:
-            # One turn of the loop first: a send that needs no I/O (a sandbox, a no-op) is
-            # done by then, and arming the deadline's timer would cost more than it did.
-            await asyncio.sleep(0)
-            if not task.done():
-                await self.clock.wait(ended, self.timeout_s)
+            await self.clock.wait(ended, self.timeout_s)
         except asyncio.CancelledError:
             self.progress.abandon()
             _let_go(task)
