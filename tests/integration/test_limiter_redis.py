@@ -175,6 +175,19 @@ async def test_gate_is_shared_by_two_connections(make: MakeLimiter) -> None:
     assert 0.5 - SLACK < res.retry_in_s <= 0.5
 
 
+async def test_the_gate_seen_here_needs_no_round_trip(make: MakeLimiter) -> None:
+    """A process knows at once the gate it closed (its own 429) and the gate a check told it
+    of; another process learns of a closure at its next check, not before."""
+    closer, other = make(rate=10), make(rate=10)
+    await closer.close_gate(0.5)
+    assert 0.5 - SLACK < closer.gate_seen_s() <= 0.5
+    assert other.gate_seen_s() == 0
+    assert 0.5 - SLACK < await other.gate_remaining_s() <= 0.5
+    assert 0.5 - SLACK < other.gate_seen_s() <= 0.5
+    await asyncio.sleep(0.55)
+    assert closer.gate_seen_s() == other.gate_seen_s() == 0
+
+
 async def test_gate_is_extended_never_shortened(make: MakeLimiter) -> None:
     one, two = make(rate=10), make(rate=10)
     await one.close_gate(2.0)

@@ -191,6 +191,47 @@ async def test_a_429_closes_the_shared_gate_inside_the_attempt() -> None:
     assert 29.0 < await limiter.gate_remaining_s() <= 30.0
 
 
+class Recording(Provider):
+    """Answers ``accepted`` and remembers every request that reached it."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.requests: list[int] = []
+
+    async def send(self, delivery: Delivery) -> Outcome:
+        self.requests.append(delivery.id)
+        return Outcome.accepted(f"id-{delivery.id}", "250 ok")
+
+
+async def test_a_gate_closed_after_the_slot_check_holds_the_request_back() -> None:
+    """Another send's 429 lands between this send's slot check and its request: the request
+    does not leave, and the attempt says so (``held_at_gate_s``) instead of reporting an
+    answer, so the worker releases the delivery unspent for the gate's remaining time."""
+    limiter = MemoryLimiter(rate=100, burst=1)
+    provider = Recording()
+    attempt = Attempt(provider, delivery(), 5.0, limiter=limiter)
+    run = asyncio.ensure_future(attempt.run())
+    # The attempt has started (its send task is created) but the request has not left.
+    await limiter.close_gate(1.0)
+    outcome = await run
+    assert provider.requests == []
+    assert 0.9 < attempt.held_at_gate_s <= 1.0
+    assert outcome.kind is OutcomeClass.THROTTLED
+    assert (outcome.response or "").startswith("not sent")
+
+
+async def test_an_open_gate_holds_nothing_back() -> None:
+    limiter = MemoryLimiter(rate=100, burst=1)
+    provider = Recording()
+    await limiter.close_gate(0)
+    attempt = Attempt(provider, delivery(), 5.0, limiter=limiter)
+    outcome = await attempt.run()
+    assert outcome.kind is OutcomeClass.ACCEPTED
+    assert provider.requests == [attempt.delivery.id]
+    assert attempt.held_at_gate_s == 0
+
+
 # -- the in-process sandbox reports its phases --------------------------------------------
 async def test_sandbox_cut_off_on_the_way_never_reached_it() -> None:
     """Its latency is the request on its way: a deadline there is transient and the engine

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 from dataclasses import dataclass
 
 from postlane.errors import ConfigurationError
@@ -135,6 +136,7 @@ class RateLimiter(abc.ABC):
 
     def __init__(self, *, rate: float | None, burst: int = 1,
                  quota: DailyQuota | None = None) -> None:
+        self._gate_seen_until = 0.0  # time.monotonic() until which this process saw it shut
         self.set_ceilings(rate=rate, burst=burst, quota=quota)
 
     def set_ceilings(self, *, rate: float | None, burst: int = 1,
@@ -193,6 +195,24 @@ class RateLimiter(abc.ABC):
     @abc.abstractmethod
     async def gate_remaining_s(self) -> float:
         """Seconds until the gate opens; 0 when it is open."""
+
+    def gate_seen_s(self) -> float:
+        """Seconds the gate is known to stay shut from what this process has seen (its own
+        429s and the answers of ``gate_remaining_s``), with no round trip.
+
+        Why: the worker checks the shared gate a little ahead of each slot, and the request
+        leaves a few loop iterations later. A 429 answered to another send of this process in
+        between must still hold that request back, so the send task reads this, without an
+        await, just before it calls the provider. A 429 seen only by another process reaches
+        this one at its next gate check: requests already past it are in flight, as on any
+        network.
+        """
+        return max(0.0, self._gate_seen_until - time.monotonic())
+
+    def _saw_gate(self, remaining_s: float) -> None:
+        """Remember a gate closure this process closed or was told of (see ``gate_seen_s``)."""
+        if remaining_s > 0:
+            self._gate_seen_until = max(self._gate_seen_until, time.monotonic() + remaining_s)
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -117,6 +117,10 @@ class MemoryLimiter(RateLimiter):
                 self._gate_ns = until
 
     async def gate_remaining_s(self) -> float:
+        return self.gate_seen_s()
+
+    def gate_seen_s(self) -> float:
+        """Exact here: the state is in this process."""
         with self._lock:
             if self._gate_ns is None:
                 return 0.0

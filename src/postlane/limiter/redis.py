@@ -268,11 +268,15 @@ class RedisLimiter(RateLimiter):
 
     async def close_gate(self, until_s_from_now: float) -> None:
         check_gate_args(until_s_from_now)
-        await self._close_gate(keys=[self.key], args=[math.ceil(until_s_from_now * _US)])
+        raw: Any = await self._close_gate(keys=[self.key],
+                                          args=[math.ceil(until_s_from_now * _US)])
+        self._saw_gate(int(raw) / _US)
 
     async def gate_remaining_s(self) -> float:
         raw: Any = await self._gate_remaining(keys=[self.key])
-        return int(raw) / _US
+        remaining = int(raw) / _US
+        self._saw_gate(remaining)
+        return remaining
 
     async def close(self) -> None:
         if self._owns_client:

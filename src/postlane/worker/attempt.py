@@ -20,7 +20,11 @@ the background with its result discarded.
 
 A 429 with Retry-After closes the limiter's shared gate inside the send task, in the same
 step as the answer: the worker sees the outcome a loop iteration or two later, and any
-send of this process whose gate check fell in between would leave after the 429.
+send of this process whose gate check fell in between would leave after the 429. For the
+same reason the send task reads the gate as this process knows it (``gate_seen_s``, no
+round trip, no await before the provider is called) as its last step before the request: a
+send whose slot check passed just before another send's 429 is held back, unspent
+(``held_at_gate_s``), instead of leaving after it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class Attempt:
         self.cancel_grace_s = cancel_grace_s
         self.clock = clock
         self.progress = AttemptProgress()
+        self.held_at_gate_s = 0.0
+        """How long the gate stays shut, when the send was held back before the request; the
+        caller releases the delivery unspent for that long."""
 
     async def run(self) -> Outcome:
         """The outcome within the deadline, or the deadline's classification. An exception
@@ -85,6 +92,10 @@ class Attempt:
         return at_deadline(phase, waited, if_sent=f"{waited} after the request left")
 
     async def _send(self) -> Outcome:
+        if self.limiter is not None and (shut_s := self.limiter.gate_seen_s()) > 0:
+            self.held_at_gate_s = shut_s
+            return Outcome.throttled(shut_s, "not sent: the rate-limit gate closed before the "
+                                     "request left")
         outcome = await self.provider.send(self.delivery)
         if (outcome.kind is OutcomeClass.THROTTLED and outcome.retry_after_s
                 and self.limiter is not None):

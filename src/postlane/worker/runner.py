@@ -591,6 +591,7 @@ class Worker:
             return
         if not slot:
             self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
+            route.breaker.probe_unsent(delivery.id)
             return
         delivery = self._with_unsubscribe(lane, delivery)
         with tracing.sending(delivery) as span:  # a no-op unless traces are on
@@ -617,6 +618,11 @@ class Worker:
             decision.detail["provider"] = route.name
             tracing.record_outcome(span, "handler_error", str(decision.state))
             self._report(delivery, decision, release=True)
+            route.breaker.probe_unsent(delivery.id)
+            return
+        if attempt.held_at_gate_s:  # someone's 429 closed the gate since the slot check
+            self._release(delivery, "rate limit gate closed before the request left",
+                          event="throttled", delay_s=attempt.held_at_gate_s)
             route.breaker.probe_unsent(delivery.id)
             return
         duration_ms = round((self.clock.monotonic() - started) * 1000, 2)
