@@ -54,12 +54,11 @@ from jinja2.utils import concat
 
 from postlane.core.attachments import ATTACHMENT, INLINE, Attachment
 from postlane.core.message import DEFAULT_LANE, EnqueueResult, Message
-from postlane.core.records import TemplateVersion
+from postlane.core.records import TemplateVersion, refuse_unusable_template
 from postlane.core.validation import check_subject, check_text
 from postlane.errors import (
     InvalidHeader,
     InvalidMessage,
-    TemplateDeprecated,
     TemplateError,
     TemplateInUse,
     UnknownTemplate,
@@ -329,13 +328,8 @@ def require_usable(
     template: TemplateVersion | None, name: str, version: int | None
 ) -> TemplateVersion:
     """``template`` if it exists and takes new enqueues; else the matching error."""
-    if template is None:
-        which = f"{name!r} version {version}" if version is not None else repr(name)
-        raise UnknownTemplate(f"unknown template {which}", field="template_id")
-    if template.deprecated:
-        raise TemplateDeprecated(
-            f"template {name!r} is deprecated: it takes no new enqueues (messages already "
-            "queued from it still send)", field="template_id")
+    refuse_unusable_template(name, version, None if template is None else template.deprecated)
+    assert template is not None  # refused above
     return template
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from postlane.core.causes import cause_of
 from postlane.core.message import Delivery, Message
 from postlane.core.states import State
-from postlane.errors import InvalidMessage
+from postlane.errors import InvalidMessage, TemplateDeprecated, UnknownTemplate
 
 
 # -- the worker's path ---------------------------------------------------------------------
@@ -397,6 +397,19 @@ class TemplateDeletion:
     deleted: bool
     references: int
     """Deliveries that kept it from being deleted (0 when it was deleted)."""
+
+
+def refuse_unusable_template(name: str, version: int | None, deprecated: bool | None) -> None:
+    """Refuse new enqueues from a template that does not exist (``deprecated`` is None) or
+    is deprecated: one text for every caller (the API, the import, both engines' locked
+    check)."""
+    if deprecated is None:
+        which = f"{name!r} version {version}" if version is not None else repr(name)
+        raise UnknownTemplate(f"unknown template {which}", field="template_id")
+    if deprecated:
+        raise TemplateDeprecated(
+            f"template {name!r} is deprecated: it takes no new enqueues (messages already "
+            "queued from it still send)", field="template_id")
 
 
 def check_template_id(message: Message, template: str) -> None:

@@ -71,6 +71,7 @@ __all__ = [  # the records and roles are re-exported: older code imports them fr
     "DELIVERY_ROWS",
     "HELD_COLUMNS",
     "HELD_FROM",
+    "HINTS_AT",
     "IMPORT_COLUMNS",
     "MAX_RESPONSE_CHARS",
     "MESSAGE_COLUMNS",
@@ -128,6 +129,10 @@ DELIVERY_COLUMNS: tuple[str, ...] = (
     "attempt_started_at", "provider_message_id", "dead_reason", "last_error", "created_at",
     "updated_at", "sent_at", "finished_at",
 )
+
+HINTS_AT = len(DELIVERY_COLUMNS)
+"""Where a claim's row continues past ``DELIVERY_COLUMNS`` with its two hints,
+``may_be_suppressed`` and ``has_attachments`` (both engines' ``claimed_rows``)."""
 
 
 MESSAGE_COLUMNS: frozenset[str] = frozenset({

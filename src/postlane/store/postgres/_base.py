@@ -20,7 +20,7 @@ from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations, queries
-from postlane.store.base import DELIVERY_COLUMNS, Store
+from postlane.store.base import DELIVERY_COLUMNS, HINTS_AT, Store
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 Q = queries.load("postgres")
@@ -181,15 +181,12 @@ _HEADERS_INDEX = DELIVERY_COLUMNS.index("headers")
 _METADATA_INDEX = DELIVERY_COLUMNS.index("metadata")
 
 
-_HINTS = len(DELIVERY_COLUMNS)
-
-
 def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
     """DELIVERY_COLUMNS are in Delivery's field order (checked by a test), so a row maps
     positionally; only the state needs converting. Headers that are not an object of text
     (or metadata not an object) make it an ``UnreadableDelivery``. A ``hinted`` row (a
     claim's) ends with ``may_be_suppressed`` and ``has_attachments``."""
-    values = list(row[:_HINTS]) if hinted else list(row)
+    values = list(row[:HINTS_AT]) if hinted else list(row)
     values[_STATE_INDEX] = State(values[_STATE_INDEX])
     try:
         check_headers(values[_HEADERS_INDEX])
@@ -198,8 +195,8 @@ def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
         return read_columns(dict(zip(DELIVERY_COLUMNS, values, strict=True)), _DECODERS,
                             exc)
     if hinted:
-        return Delivery(*values, may_be_suppressed=row[_HINTS],
-                        has_attachments=row[_HINTS + 1])
+        return Delivery(*values, may_be_suppressed=row[HINTS_AT],
+                        has_attachments=row[HINTS_AT + 1])
     return Delivery(*values)
 
 

@@ -17,9 +17,9 @@ from postlane.core.records import (
     TemplateVersion,
     check_template_id,
     import_counts_from_rows,
+    refuse_unusable_template,
 )
 from postlane.core.validation import validate
-from postlane.errors import TemplateDeprecated, UnknownTemplate
 from postlane.store.postgres._base import PostgresBase, Q
 from postlane.store.postgres._producing import enqueue_many_on_connection
 
@@ -109,12 +109,7 @@ class TemplatesMixin(PostgresBase):
         async with self._pool.connection() as conn, conn.transaction():
             cur = await conn.execute(Q["lock_template_for_enqueue"], (template,))
             row = await cur.fetchone()
-            if row is None:
-                raise UnknownTemplate(f"unknown template {template!r}", field="template_id")
-            if row[0]:
-                raise TemplateDeprecated(
-                    f"template {template!r} is deprecated: it takes no new enqueues",
-                    field="template_id")
+            refuse_unusable_template(template, None, None if row is None else bool(row[0]))
             if messages:
                 results = await enqueue_many_on_connection(conn, messages, producer)
             if progress is not None:

@@ -18,7 +18,7 @@ from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
 from postlane.store import migrations, queries
-from postlane.store.base import DELIVERY_COLUMNS
+from postlane.store.base import DELIVERY_COLUMNS, HINTS_AT
 from postlane.store.unreadable import check_headers, check_metadata, read_columns
 
 T = TypeVar("T")
@@ -207,20 +207,17 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-_HINTS = len(DELIVERY_COLUMNS)
-
-
 def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
     """The row as a ``Delivery``, or, when it cannot be read, as an ``UnreadableDelivery``
     (see ``postlane.store.unreadable``) rather than an error that fails its whole batch. A
     ``hinted`` row (a claim's) ends with ``may_be_suppressed`` and ``has_attachments``."""
     try:
         if hinted:
-            return _decode(row[:_HINTS], may_be_suppressed=bool(row[_HINTS]),
-                           has_attachments=bool(row[_HINTS + 1]))
+            return _decode(row[:HINTS_AT], may_be_suppressed=bool(row[HINTS_AT]),
+                           has_attachments=bool(row[HINTS_AT + 1]))
         return _decode(row)
     except Exception as exc:
-        row = row[:_HINTS]
+        row = row[:HINTS_AT]
         return read_columns(dict(zip(DELIVERY_COLUMNS, row, strict=True)), _DECODERS, exc)
 
 
@@ -237,7 +234,7 @@ def _read(conn: sqlite3.Connection, row: Sequence[Any], hinted: bool = False) ->
     if conn.text_factory is not str:
         bad = next((v for v in row if isinstance(v, UnicodeDecodeError)), None)
         if bad is not None:
-            return read_columns(dict(zip(DELIVERY_COLUMNS, row[:_HINTS], strict=True)),
+            return read_columns(dict(zip(DELIVERY_COLUMNS, row[:HINTS_AT], strict=True)),
                                 _DECODERS, bad)
     return _delivery(row, hinted)
 

@@ -15,9 +15,9 @@ from postlane.core.records import (
     TemplateVersion,
     check_template_id,
     import_counts_from_rows,
+    refuse_unusable_template,
 )
 from postlane.core.validation import validate
-from postlane.errors import TemplateDeprecated, UnknownTemplate
 from postlane.store.sqlite._base import Q, SQLiteEngine, _dt, _opt_dt
 from postlane.store.sqlite._producing import insert_many
 
@@ -85,12 +85,7 @@ class TemplatesMixin(SQLiteEngine):
             check_template_id(message, template)
         with self._write() as conn:
             row = conn.execute(Q["template_deprecated"], (template,)).fetchone()
-            if row is None:
-                raise UnknownTemplate(f"unknown template {template!r}", field="template_id")
-            if row[0]:
-                raise TemplateDeprecated(
-                    f"template {template!r} is deprecated: it takes no new enqueues",
-                    field="template_id")
+            refuse_unusable_template(template, None, None if row is None else bool(row[0]))
             results = insert_many(conn, messages, producer)
             if progress is not None:
                 conn.execute(Q["import_progress"], {
