@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summary
+from postlane.cli import options
 
 _WORKER_TABLE = "worker"
 _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
@@ -23,49 +24,23 @@ _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
 
 def check(
     ctx: typer.Context,
-    provider: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_PROVIDER", show_envvar=True,
-        help="Provider URL, as given to the worker.")] = None,
-    rate: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RATE", show_envvar=True,
-        help="The provider account's ceiling, e.g. 200/s, 50000/d, 14/s,50000/d or auto.")] = None,
-    headroom: Annotated[float, typer.Option(
-        envvar="POSTLANE_HEADROOM", show_envvar=True,
-        help="Fraction kept below the ceiling.")] = 0.02,
-    limiter: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_LIMITER", show_envvar=True,
-        help="redis://host:6379/0: the shared limiter to reach.")] = None,
-    concurrency: Annotated[int, typer.Option(
-        envvar="POSTLANE_CONCURRENCY", show_envvar=True,
-        help="Sends in flight per worker, shared by the lanes.")] = 200,
-    lanes: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_LANES", show_envvar=True,
-        help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
+    provider: Annotated[str | None, typer.Option(**options.PROVIDER)] = None,
+    rate: Annotated[str | None, typer.Option(**options.RATE)] = None,
+    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = 0.02,
+    limiter: Annotated[str | None, typer.Option(**options.LIMITER)] = None,
+    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = 200,
+    lanes: Annotated[str | None, typer.Option(**options.LANES)] = None,
     lane_expiry: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANE_EXPIRY", show_envvar=True,
         help="How long each lane's messages stay useful, e.g. interactive=15m,bulk=24h "
              "[default: interactive 15m, bulk 24h].")] = None,
-    retry_base: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RETRY_BASE", show_envvar=True,
-        help="Backoff base per lane, as given to the worker "
-             "[default: interactive 250ms, bulk 1s].")] = None,
-    retry_cap: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RETRY_CAP", show_envvar=True,
-        help="Longest backoff per lane, as given to the worker "
-             "[default: interactive 30s, bulk 5m].")] = None,
-    retry_budget: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
-        help="Fraction of each lane's validity window its retries may use, as given to the "
-             "worker [default: 0.667].")] = None,
-    bulk_lanes: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_BULK_LANES", show_envvar=True,
-        help="Bulk lanes, as given to the worker [default: bulk].")] = None,
-    unsubscribe_url: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_UNSUBSCRIBE_URL", show_envvar=True,
-        help="One-click unsubscribe base URL, as given to the worker.")] = None,
+    retry_base: Annotated[str | None, typer.Option(**options.RETRY_BASE)] = None,
+    retry_cap: Annotated[str | None, typer.Option(**options.RETRY_CAP)] = None,
+    retry_budget: Annotated[str | None, typer.Option(**options.RETRY_BUDGET)] = None,
+    bulk_lanes: Annotated[str | None, typer.Option(**options.BULK_LANES)] = None,
+    unsubscribe_url: Annotated[str | None, typer.Option(**options.UNSUBSCRIBE_URL)] = None,
     unsubscribe_mailto: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_UNSUBSCRIBE_MAILTO", show_envvar=True,
-        help="Unsubscribe mailbox, as given to the worker.")] = None,
+        **options.UNSUBSCRIBE_MAILTO)] = None,
     skip: Annotated[list[str] | None, typer.Option(
         help="Leave out a group of checks (repeatable): database, limiter, provider, rate, "
              "lanes. An API host (postlane serve) needs only the database.")] = None,

@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from postlane import tracing
 from postlane.callbacks import CallbackSender
+from postlane.cli import options
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import (
     DEFAULT_LANES,
@@ -45,11 +46,7 @@ def _lanes(text: str | None) -> tuple[LaneConfig, ...]:
 
 def worker(
     ctx: typer.Context,
-    provider: Annotated[str, typer.Option(
-        envvar="POSTLANE_PROVIDER", show_envvar=True,
-        help="Provider URL: noop://, record:///path.db, sandbox://, smtp://...; for SMS "
-             "sandbox-sms:// or twilio://. A worker claims only its provider's channel. "
-             "Secrets belong in the environment, not on the command line.")],
+    provider: Annotated[str, typer.Option(**options.PROVIDER)],
     fallback: Annotated[list[str] | None, typer.Option(
         envvar="POSTLANE_FALLBACK", show_envvar=True,
         help="A provider URL to fail over to while the one before it is down (its breaker "
@@ -59,11 +56,7 @@ def worker(
         envvar="POSTLANE_FALLBACK_RATE", show_envvar=True,
         help="The ceiling of each --fallback, in the same order (200/s, 50000/d, "
              "14/s,50000/d; 'none' for no limit). Unset: no limit.")] = None,
-    rate: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RATE", show_envvar=True,
-        help="The provider account's ceiling: 200/s; a daily quota 50000/d; both "
-             "14/s,50000/d; or auto (read from the account, SES only, refreshed every "
-             "5 minutes). Unset: no limit.")] = None,
+    rate: Annotated[str | None, typer.Option(**options.RATE)] = None,
     quota_burst: Annotated[float, typer.Option(
         envvar="POSTLANE_QUOTA_BURST", show_envvar=True,
         help="Fraction of a daily quota that may go out back to back; the rest is paced "
@@ -74,34 +67,14 @@ def worker(
              "when the day's quota runs low.")] = 0.2,
     burst: Annotated[int, typer.Option(envvar="POSTLANE_BURST", show_envvar=True,
                                        help="Sends allowed back to back.")] = 1,
-    headroom: Annotated[float, typer.Option(
-        envvar="POSTLANE_HEADROOM", show_envvar=True,
-        help="Fraction kept below the ceiling for jitter at the provider.")] = 0.02,
-    limiter: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_LIMITER", show_envvar=True,
-        help="redis://host:6379/0 to share the ceiling across processes and hosts; "
-             "default: in-process.")] = None,
-    concurrency: Annotated[int, typer.Option(
-        envvar="POSTLANE_CONCURRENCY", show_envvar=True,
-        help="Sends in flight at once, shared by the lanes (twice the batch size keeps "
-             "the next claim going while a batch is sent).")] = 200,
-    lanes: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_LANES", show_envvar=True,
-        help="Lane shares in percent [default: interactive=70,bulk=30].")] = None,
-    bulk_lanes: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_BULK_LANES", show_envvar=True,
-        help="Lanes of mail people subscribed to (comma-separated; '' for none): their "
-             "messages carry one-click List-Unsubscribe headers, transactional lanes never "
-             "[default: bulk].")] = None,
-    unsubscribe_url: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_UNSUBSCRIBE_URL", show_envvar=True,
-        help="Public https base URL of `postlane serve` for one-click unsubscribe links "
-             "(…/unsubscribe/TOKEN); tokens are signed with $POSTLANE_UNSUBSCRIBE_SECRET. "
-             "Unset: bulk mail goes without the headers.")] = None,
+    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = 0.02,
+    limiter: Annotated[str | None, typer.Option(**options.LIMITER)] = None,
+    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = 200,
+    lanes: Annotated[str | None, typer.Option(**options.LANES)] = None,
+    bulk_lanes: Annotated[str | None, typer.Option(**options.BULK_LANES)] = None,
+    unsubscribe_url: Annotated[str | None, typer.Option(**options.UNSUBSCRIBE_URL)] = None,
     unsubscribe_mailto: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_UNSUBSCRIBE_MAILTO", show_envvar=True,
-        help="Address for the mailto form of List-Unsubscribe (read by `postlane bounces "
-             "maildir` or the smtp webhook).")] = None,
+        **options.UNSUBSCRIBE_MAILTO)] = None,
     unsubscribe_exempt: Annotated[str | None, typer.Option(
         envvar="POSTLANE_UNSUBSCRIBE_EXEMPT", show_envvar=True,
         help="Templates whose messages never carry List-Unsubscribe, even in a bulk lane "
@@ -117,21 +90,9 @@ def worker(
              "every lane; cut off there, it is transient if the request had not yet left "
              "(see docs/providers.md, phases), else ambiguous "
              "[default: interactive 3s, bulk 10s].")] = None,
-    retry_base: Annotated[str | None, lane_durations_option(
-        envvar="POSTLANE_RETRY_BASE", show_envvar=True,
-        help="Backoff base per lane, e.g. interactive=250ms,bulk=1s: the first retry comes "
-             "within twice the base, each further one waits up to twice as long "
-             "[default: interactive 250ms, bulk 1s].")] = None,
-    retry_cap: Annotated[str | None, lane_durations_option(
-        envvar="POSTLANE_RETRY_CAP", show_envvar=True,
-        help="Longest backoff per lane, e.g. interactive=30s,bulk=5m "
-             "[default: interactive 30s, bulk 5m].")] = None,
-    retry_budget: Annotated[str | None, typer.Option(
-        envvar="POSTLANE_RETRY_BUDGET", show_envvar=True,
-        help="Fraction of a message's validity window (enqueue to expiry) its retries may "
-             "use, per lane (interactive=0.5,bulk=0.8) or one for every lane; a retry that "
-             "would start later is not made: dead-lettered as budget_exhausted "
-             "[default: 0.667].")] = None,
+    retry_base: Annotated[str | None, lane_durations_option(**options.RETRY_BASE)] = None,
+    retry_cap: Annotated[str | None, lane_durations_option(**options.RETRY_CAP)] = None,
+    retry_budget: Annotated[str | None, typer.Option(**options.RETRY_BUDGET)] = None,
     sms_fallback: Annotated[str | None, typer.Option(
         envvar="POSTLANE_SMS_FALLBACK", show_envvar=True,
         help="When an email that carries an SMS fallback gets it, per lane: triggers joined "
