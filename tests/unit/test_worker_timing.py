@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from postlane.limiter.base import DailyQuota
 from postlane.limiter.memory import MemoryLimiter
 from postlane.worker.pacer import Pacer
 from postlane.worker.supervisor import supervise
@@ -94,6 +95,23 @@ async def test_a_slot_missed_by_a_stall_is_not_used_late() -> None:
     assert await pacer.wait_for_slot("bulk", reserved[0][1], reserved[1])
     assert counters["late_slots"] == 1
     assert clock.now == pytest.approx(start + 0.2)  # not +0.15, when the stall ended
+
+
+async def test_a_late_slot_under_a_daily_quota_alone_is_used_not_wasted() -> None:
+    """No per-second ceiling: nothing to bunch against, and a fresh slot would spend a second
+    unit of the day's quota (with a stock of 3, the stalled send would leave only 1)."""
+    clock = FakeClock()
+    counters: Counter[str] = Counter()
+    limiter = MemoryLimiter(rate=None, quota=DailyQuota(6, window_s=1000.0, burst=0.5),
+                            clock=clock.monotonic)
+    pacer = Pacer(limiter, ["bulk"], counters, horizon_s=1.0, late_slot_s=0.015, clock=clock)
+    reserved = await pacer.reserve("bulk", 1)
+    assert reserved is not None
+    clock.stall_next_sleep(0.05)
+    assert await pacer.wait_for_slot("bulk", reserved[0][0] + 0.001, reserved[1])
+    assert counters["late_slots"] == 0
+    rest = await pacer.reserve("bulk", 5)
+    assert rest is not None and len(rest[0]) == 2  # the stock of 3, less the one used
 
 
 async def test_a_slot_missed_by_less_than_the_limit_is_used() -> None:

@@ -6,6 +6,10 @@ limiter answer, or a slow gate check) every send whose slot passed meanwhile wou
 once, on top of the on-time sends of other tasks and processes, and overfill the provider's
 one-second window. Such a send takes a fresh slot instead.
 
+Why a late slot is used after all when the limiter has no per-second ceiling (a daily quota
+alone): there is no one-second window to overfill, and a fresh slot would cost a second unit
+of the day's quota, the late one being spent already.
+
 Why bulk lanes book less far ahead: every lane shares one ceiling, and a slot booked is gone.
 If the bulk lane booked as far ahead as the interactive one, the horizon would be full of
 digests whenever a reset arrived, and the reset would race the bulk lane's poller for each
@@ -23,7 +27,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Iterable
 
-from postlane.limiter.base import RateLimiter
+from postlane.limiter.base import UNLIMITED_RATE, RateLimiter
 from postlane.worker.clock import Clock
 
 YIELDING_HORIZON_SHARE = 0.5
@@ -125,7 +129,8 @@ class Pacer:
             if deadline > clock.monotonic():
                 await clock.sleep(deadline - clock.monotonic())
             late = clock.monotonic() - deadline + uncertainty_s
-            if self.limiter is None or late <= self.late_slot_s:
+            if (self.limiter is None or late <= self.late_slot_s
+                    or self.limiter.rate >= UNLIMITED_RATE):
                 return True
             self.counters["late_slots"] += 1
             reserved = await self.reserve(lane, 1)
