@@ -75,6 +75,10 @@ IMPORT_FAILED = "import:failed:"
 record alone would show it as "not finished", like a run still going. A control, not a
 column, until a migration gives the import record a place for it; the next run clears it."""
 FAILURE_LIMIT = 500
+YIELD_EVERY = 50
+"""Rows parsed and rendered between turns given to the batch in flight: its statements
+then go out while the next batch is rendered, and the database works beside the importer
+instead of after it (the parsing loop never waits on anything otherwise)."""
 """Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
 
 Progress = Callable[[str, int, int], None]
@@ -401,6 +405,8 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
                 else:
                     batch.append(await gate.admit(message))
                     batch_lines.append(line)
+                if pending is not None and report.rows_read % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
                 if len(batch) >= batch_size:
                     # One batch in flight while the next is parsed and rendered.
                     await settle()
