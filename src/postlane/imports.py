@@ -75,7 +75,7 @@ IMPORT_FAILED = "import:failed:"
 record alone would show it as "not finished", like a run still going. A control, not a
 column, until a migration gives the import record a place for it; the next run clears it."""
 FAILURE_LIMIT = 500
-YIELD_EVERY = 50
+YIELD_EVERY = 10
 """Rows parsed and rendered between turns given to the batch in flight: its statements
 then go out while the next batch is rendered, and the database works beside the importer
 instead of after it (the parsing loop never waits on anything otherwise)."""
@@ -403,7 +403,7 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
                     if len(report.problems) < MAX_PROBLEMS_KEPT:
                         report.problems.append(RowProblem(line, str(exc)))
                 else:
-                    batch.append(await gate.admit(message))
+                    batch.append(await gate.admit(message) if gate.hold else message)
                     batch_lines.append(line)
                 if pending is not None and report.rows_read % YIELD_EVERY == 0:
                     await asyncio.sleep(0)

@@ -238,9 +238,9 @@ class CompiledTemplate:
         for part, escaped, form, names in self._substitutions:
             if not names:
                 out[part] = form
-            elif escaped:
-                out[part] = form % {name: _escape(variables[name]) for name in names}
-            else:
+            elif escaped and _HTML_SPECIAL.search("".join(map(variables.__getitem__, names))):
+                out[part] = form % {name: escape(variables[name]) for name in names}
+            else:  # no value holds a character html escapes
                 out[part] = form % variables
         return Rendered(out["subject"] or "", out["text"], out["html"])
 
@@ -313,11 +313,7 @@ def _substitution(tree: nodes.Template,
 
 
 _HTML_SPECIAL = re.compile("[&<>'\"]")
-
-
-def _escape(value: str) -> str:
-    """``markupsafe.escape`` of a ``str``, the same text; most values need none."""
-    return escape(value) if _HTML_SPECIAL.search(value) else value
+"""What ``markupsafe.escape`` replaces in a ``str``."""
 
 
 class _Compiler:
