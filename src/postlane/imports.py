@@ -33,43 +33,22 @@ A re-run keeps the first run's canary (and holds its rows while it has not passe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
-import multiprocessing
 import os
-import pickle
-import signal
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
-from dataclasses import dataclass, field, fields, replace
-from itertools import islice
-from multiprocessing.connection import Connection
-from operator import attrgetter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from postlane.core.canary import HOLD
 from postlane.core.message import EnqueueResult, Message
 from postlane.core.producers import import_producer
-from postlane.core.records import (
-    ImportCanary,
-    ImportCounts,
-    ImportProgress,
-    ImportRecord,
-    TemplateVersion,
-)
-from postlane.core.validation import Limits, text_problem, validate
+from postlane.core.records import ImportCanary, ImportCounts, ImportProgress, ImportRecord
+from postlane.core.validation import text_problem, validate
 from postlane.errors import ImportRejected, InvalidMessage, KeyConflict, PostlaneError
 from postlane.store.roles import FleetStore, ImportStore, TemplateStore
-from postlane.templates import (
-    CompiledTemplate,
-    TemplateAttachment,
-    check_name,
-    compile_template,
-    declare_attachments,
-    declared_attachments,
-    require_usable,
-)
+from postlane.templates import CompiledTemplate, check_name, compile_template, require_usable
 from postlane.worker.controls import IMPORT_PAUSE, pause_import, resume_import
 
 __all__ = [
@@ -101,13 +80,6 @@ YIELD_EVERY = 10
 then go out while the next batch is rendered, and the database works beside the importer
 instead of after it (the parsing loop never waits on anything otherwise)."""
 """Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
-
-SPLIT_FROM_BYTES = 8 << 20
-"""From this size a file is parsed, rendered and validated in a child process while this one
-writes (its start-up, about half a second, is then a small part of the import): on one
-thread the two take turns, and the rendering was half of each row's time."""
-CHUNK_ROWS = 128
-"""Converted rows per message from the child (about 30 KiB: the pipe holds two)."""
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""
@@ -184,9 +156,9 @@ class _Lines:
 class _Rows:
     """Turns CSV rows into messages, or into problems."""
 
-    def __init__(self, limits: Limits, compiled: CompiledTemplate, header: list[str],
+    def __init__(self, store: ImportingStore, compiled: CompiledTemplate, header: list[str],
                  import_id: str, lane: str) -> None:
-        self.limits = limits
+        self.store = store
         self.compiled = compiled
         self.header = header
         self.width = len(header)
@@ -210,7 +182,7 @@ class _Rows:
             variables, key=import_key(self.name, user_id, self.import_id), to=email,
             lane=self.lane, import_id=self.import_id)
         try:
-            validate(message, self.limits)
+            validate(message, self.store.limits)
         except InvalidMessage as exc:
             if exc.field == "to":  # name the column, not the message field
                 raise InvalidMessage("email" + str(exc).removeprefix("to"),
@@ -271,128 +243,6 @@ def _rows(lines: _Lines) -> Iterator[tuple[int, list[str]]]:
                              problems=[(reader.line_num, str(exc))]) from None
 
 
-Converted = tuple[int, Message | str, int]
-"""A row as the importer takes it: (line where it starts, its message or why it is
-skipped, bytes of the file read so far)."""
-
-
-def _convert(path: str, file_name: str, compiled: CompiledTemplate, limits: Limits,
-             import_id: str, lane: str) -> Iterator[Converted]:
-    """The file's rows, parsed, rendered and validated; problems with the file itself raise
-    ``ImportRejected`` where they are met."""
-    with open(path, "rb") as handle:
-        lines = _Lines(handle)
-        rows = _rows(lines)
-        header = _read_header((row for _, row in rows), file_name, compiled)
-        converter = _Rows(limits, compiled, header, import_id, lane)
-        for line, row in rows:
-            try:
-                message = converter.message(row)
-            except InvalidMessage as exc:
-                yield line, str(exc), lines.bytes
-            else:
-                yield line, message, lines.bytes
-
-
-@dataclass(frozen=True)
-class _Job:
-    """What the converting process needs, sent to it by pickle (a compiled template is not
-    picklable; its version is, and is compiled again there)."""
-
-    path: str
-    file_name: str
-    template: TemplateVersion
-    attachments: tuple[TemplateAttachment, ...]
-    limits: Limits
-    import_id: str
-    lane: str
-
-
-async def _converted(job: _Job, compiled: CompiledTemplate,
-                     child: bool) -> AsyncGenerator[list[Converted], None]:
-    """The converted rows in chunks: from this process, or from a child process that
-    parses, renders and validates them while this one writes (``SPLIT_FROM_BYTES``)."""
-    if child:
-        try:
-            payload = pickle.dumps(job)  # an application's attachment callback may not be
-        except Exception:  # any pickling failure: convert here instead
-            child = False
-    if not child:
-        rows = _convert(job.path, job.file_name, compiled, job.limits, job.import_id, job.lane)
-        while chunk := list(islice(rows, CHUNK_ROWS)):
-            yield chunk
-        return
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_convert_in_child, args=(sender, payload), daemon=True,
-                              name=f"postlane-import-{job.import_id}")
-    process.start()
-    sender.close()
-    loop = asyncio.get_running_loop()
-    received = loop.run_in_executor(None, _receive, receiver)
-    try:
-        while True:
-            item = await received
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            received = loop.run_in_executor(None, _receive, receiver)
-            yield [(line, result if isinstance(result, str) else Message(*result), done)
-                   for line, result, done in item]
-    finally:
-        if process.is_alive():
-            process.terminate()
-        await loop.run_in_executor(None, process.join)
-        await asyncio.gather(received, return_exceptions=True)
-        receiver.close()
-
-
-_FIELDS = attrgetter(*(f.name for f in fields(Message)))
-"""A message's fields in ``Message``'s order: it crosses the pipe as this tuple (a tenth of
-pickling the object) and is made again by ``Message(*fields)``."""
-
-
-def _receive(receiver: Connection) -> Any:
-    try:
-        return receiver.recv()
-    except EOFError:
-        return ImportRejected("the import's converting process ended before the file did")
-
-
-def _convert_in_child(sender: Connection, payload: bytes) -> None:
-    """The child process: send the converted rows in chunks, then None, or the exception
-    that stopped them (after the rows before it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (Ctrl-C reaches both)
-    chunk: list[tuple[int, Any, int]] = []
-    try:
-        job: _Job = pickle.loads(payload)
-        if job.attachments:
-            declare_attachments(job.template.name, *job.attachments)
-        compiled = compile_template(job.template)
-        for line, result, done in _convert(job.path, job.file_name, compiled, job.limits,
-                                           job.import_id, job.lane):
-            chunk.append((line, result if isinstance(result, str) else _FIELDS(result), done))
-            if len(chunk) >= CHUNK_ROWS:
-                sender.send(chunk)
-                chunk = []
-        if chunk:
-            sender.send(chunk)
-        sender.send(None)
-    except BrokenPipeError:
-        pass  # the parent stopped reading
-    except BaseException as exc:  # the parent raises it
-        with contextlib.suppress(Exception):
-            if chunk:
-                sender.send(chunk)
-            try:
-                sender.send(exc)
-            except Exception:  # not picklable
-                sender.send(ImportRejected(f"{type(exc).__name__}: {exc}"))
-    finally:
-        sender.close()
-
-
 async def import_csv(
     store: ImportingStore, path: str | os.PathLike[str], *, template: str, import_id: str,
     strict: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, lane: str = BULK_LANE,
@@ -433,7 +283,7 @@ async def import_csv(
             rows = _rows(lines)
             header_rows = (row for _, row in rows)
             header = _read_header(header_rows, file_name, compiled)
-            converter = _Rows(store.limits, compiled, header, import_id, lane)
+            converter = _Rows(store, compiled, header, import_id, lane)
             problems: list[tuple[int, str]] = []
             count = 0
             for line, row in rows:
@@ -536,42 +386,44 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
             pending = None
             report.rows_created += sum(1 for r in results if r.created)
 
-    job = _Job(path, file_name, compiled.template, declared_attachments(template),
-               store.limits, import_id, lane)
-    chunks = _converted(job, compiled, total >= SPLIT_FROM_BYTES)
-    batch: list[Message] = []
-    batch_lines: list[int] = []
-    try:
-        async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
-                for line, message, done in chunk:
-                    report.rows_read += 1
-                    if isinstance(message, str):
-                        report.rows_skipped += 1
-                        if len(report.problems) < MAX_PROBLEMS_KEPT:
-                            report.problems.append(RowProblem(line, message))
-                    else:
-                        batch.append(await gate.admit(message) if gate.hold else message)
-                        batch_lines.append(line)
-                    if pending is not None and report.rows_read % YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                    if len(batch) >= batch_size:
-                        # One batch in flight while the next is parsed and rendered.
-                        await settle()
-                        report.rows_enqueued += len(batch)
-                        pending = asyncio.ensure_future(
-                            write(batch, batch_lines, _progress(report)))
-                        batch, batch_lines = [], []
-                        if on_progress is not None:
-                            on_progress("import", done, total)
-        await settle()
-        report.rows_enqueued += len(batch)
-        results = await write(batch, batch_lines, _progress(report))
-        report.rows_created += sum(1 for r in results if r.created)
-    finally:
-        if pending is not None:
-            # An error while parsing: let the in-flight batch finish (it is whole).
-            await asyncio.gather(pending, return_exceptions=True)
+    with open(path, "rb") as handle:
+        lines = _Lines(handle)
+        rows = _rows(lines)
+        header = _read_header((row for _, row in rows), file_name, compiled)
+        converter = _Rows(store, compiled, header, import_id, lane)
+        batch: list[Message] = []
+        batch_lines: list[int] = []
+        try:
+            for line, row in rows:
+                report.rows_read += 1
+                try:
+                    message = converter.message(row)
+                except InvalidMessage as exc:
+                    report.rows_skipped += 1
+                    if len(report.problems) < MAX_PROBLEMS_KEPT:
+                        report.problems.append(RowProblem(line, str(exc)))
+                else:
+                    batch.append(await gate.admit(message) if gate.hold else message)
+                    batch_lines.append(line)
+                if pending is not None and report.rows_read % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                if len(batch) >= batch_size:
+                    # One batch in flight while the next is parsed and rendered.
+                    await settle()
+                    report.rows_enqueued += len(batch)
+                    pending = asyncio.ensure_future(
+                        write(batch, batch_lines, _progress(report)))
+                    batch, batch_lines = [], []
+                    if on_progress is not None:
+                        on_progress("import", lines.bytes, total)
+            await settle()
+            report.rows_enqueued += len(batch)
+            results = await write(batch, batch_lines, _progress(report))
+            report.rows_created += sum(1 for r in results if r.created)
+        finally:
+            if pending is not None:
+                # An error while parsing: let the in-flight batch finish (it is whole).
+                await asyncio.gather(pending, return_exceptions=True)
 
 
 def _without_conflicts(batch: list[Message], lines: list[int], conflict: KeyConflict,
