@@ -230,14 +230,14 @@ class CompiledTemplate:
         """The rendering of a template of text and ``{{ name }}`` only, as Jinja makes it
         (the value, ``escape``d in html), without a Jinja context per part: most of a short
         template's cost (an import renders a million). None, for Jinja to render (and
-        report), when a variable is missing or is not a plain ``str``."""
+        report), when a variable is missing or is not a plain ``str``, or the variables are
+        not a plain ``dict``."""
         assert self._substitutions is not None
-        try:
-            for name in self.variables:
-                if type(variables[name]) is not str:
-                    return None
-        except KeyError:
+        if type(variables) is not dict:  # a defaultdict, or a Mapping of its own: as Jinja sees it
             return None
+        for name in self.variables:
+            if type(variables.get(name)) is not str:
+                return None
         out: dict[str, str | None] = {"subject": None, "text": None, "html": None}
         for part, escaped, form, names in self._substitutions:
             if not names:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 import pytest
 from markupsafe import Markup
@@ -136,3 +138,15 @@ def test_a_missing_variable_in_a_substitution_template_is_reported_by_jinja() ->
     assert compiled._substitutions is not None
     with pytest.raises(TemplateError, match="'code' is undefined"):
         compiled.render({"name": "Ada"})
+
+
+def test_variables_other_than_a_dict_are_rendered_by_jinja() -> None:
+    """A defaultdict would give the substitution a default where Jinja, which copies the
+    variables, finds the name missing."""
+    compiled = compile_template(version(text="Hi {{ name }} {{ code }}", html=None,
+                                        name="substitution-defaultdict"))
+    variables: defaultdict[str, str] = defaultdict(str, name="Ada")
+    with pytest.raises(TemplateError, match="'code' is undefined"):
+        compiled.render(variables)
+    assert "code" not in variables
+    assert compiled.render(MappingProxyType({"name": "Ada", "code": "7"})).text == "Hi Ada 7"
