@@ -75,11 +75,11 @@ IMPORT_FAILED = "import:failed:"
 record alone would show it as "not finished", like a run still going. A control, not a
 column, until a migration gives the import record a place for it; the next run clears it."""
 FAILURE_LIMIT = 500
+"""Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
 YIELD_EVERY = 10
 """Rows parsed and rendered between turns given to the batch in flight: its statements
 then go out while the next batch is rendered, and the database works beside the importer
 instead of after it (the parsing loop never waits on anything otherwise)."""
-"""Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""

@@ -203,14 +203,15 @@ class CompiledTemplate:
         # The environment's globals (range, dict...) under the caller's variables, built once
         # for all parts: ``Template.render`` layers them per call, which is most of its cost
         # on a short template (an import renders a million).
-        # ``Template.new_context`` with the globals as a dict: the context only takes their
-        # names, and a set of the template's own ``ChainMap`` of them was half its cost.
         context = {**self._globals, **variables}
         for part, compiled in self._parts:
             if compiled is None:
                 out[part] = None
                 continue
             try:
+                # ``Template.new_context`` with the globals as a dict: the context only takes
+                # their names, and a set of the template's ``ChainMap`` of them was half its
+                # cost.
                 out[part] = concat(compiled.root_render_func(new_context(
                     compiled.environment, compiled.name, compiled.blocks, context, True,
                     self._globals)))
