@@ -405,7 +405,8 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
                 else:
                     batch.append(await gate.admit(message) if gate.hold else message)
                     batch_lines.append(line)
-                if pending is not None and report.rows_read % YIELD_EVERY == 0:
+                if (report.rows_read % YIELD_EVERY == 0 and pending is not None
+                        and not pending.done()):
                     await asyncio.sleep(0)
                 if len(batch) >= batch_size:
                     # One batch in flight while the next is parsed and rendered.
