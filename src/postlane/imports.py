@@ -76,6 +76,10 @@ record alone would show it as "not finished", like a run still going. A control,
 column, until a migration gives the import record a place for it; the next run clears it."""
 FAILURE_LIMIT = 500
 """Bad rows beyond this are counted, not kept (constant memory on a file of bad rows)."""
+YIELD_EVERY = 10
+"""Rows parsed and rendered between turns given to the batch in flight: its statements
+then go out while the next batch is rendered, and the database works beside the importer
+instead of after it (the parsing loop never waits on anything otherwise)."""
 
 Progress = Callable[[str, int, int], None]
 """``(phase, bytes done, bytes in the file)``; phase is ``validate`` (strict) or ``import``."""
@@ -399,8 +403,11 @@ async def _run(store: ImportingStore, path: str, report: ImportReport, compiled:
                     if len(report.problems) < MAX_PROBLEMS_KEPT:
                         report.problems.append(RowProblem(line, str(exc)))
                 else:
-                    batch.append(await gate.admit(message))
+                    batch.append(await gate.admit(message) if gate.hold else message)
                     batch_lines.append(line)
+                if (report.rows_read % YIELD_EVERY == 0 and pending is not None
+                        and not pending.done()):
+                    await asyncio.sleep(0)
                 if len(batch) >= batch_size:
                     # One batch in flight while the next is parsed and rendered.
                     await settle()
