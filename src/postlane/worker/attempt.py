@@ -4,7 +4,8 @@
 worker waits for that task's end on its ``Clock`` (not with ``asyncio.timeout`` around the
 send: on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
 send would then hold its slot until the library's own timeout; and a test clock moves the
-deadline without real waiting). At the deadline:
+deadline without real waiting). The deadline is armed after one turn of the loop, and not at
+all for a send that is done by then (one that needs no I/O). At the deadline:
 
 1. ``progress.abandon()`` reads the phase reached and closes the gate, so the send can no
    longer pass its point of no return (``reach`` raises from then on);
