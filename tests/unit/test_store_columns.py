@@ -23,3 +23,22 @@ def test_message_columns_are_read_from_the_message_side_of_a_join() -> None:
     assert select[:5] == ["c.id", "m.idempotency_key", "c.lane", "c.channel", "m.recipient"]
     assert {s.split(".")[1] for s in select if s.startswith("m.")} == (
         MESSAGE_COLUMNS - {"producer", "request_hash"})
+
+
+def test_a_delivery_built_from_a_row_equals_the_dataclass_built_one() -> None:
+    from datetime import UTC, datetime
+
+    from postlane.core.message import delivery_of_row
+    from postlane.core.states import State
+
+    now = datetime.now(UTC)
+    values = [7, "k", "bulk", "email", "a@example.com", None, "s", "t", None, {"X-A": "1"},
+              {"u": 1}, None, None, None, State.SENDING, 0, 1, now, None, "w", now, None,
+              None, None, None, now, now, None, None]
+    for hints in ((), (False, True), (True, None)):
+        names = ("may_be_suppressed", "has_attachments")[:len(hints)]
+        built = delivery_of_row(values, *hints)
+        expected = Delivery(*values, **dict(zip(names, hints, strict=True)))
+        # Every field, the ones left out of == included.
+        assert [getattr(built, f.name) for f in fields(Delivery)] == [
+            getattr(expected, f.name) for f in fields(Delivery)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from datetime import timedelta
@@ -201,6 +202,7 @@ def worker(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, instance.stop)
+            _settle_heap()
             try:
                 if drain:
                     return await drain_within(instance, drain_timeout.total_seconds())
@@ -221,6 +223,25 @@ def worker(
     if result is not None and not result.drained:
         err_console.print(f"[red]error:[/red] {escape(result.reason)}")
         raise typer.Exit(EXIT_DRAIN_GAVE_UP)
+
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations between two collections of the youngest generation (Python's default: 700)."""
+
+
+def _settle_heap() -> None:
+    """Tune the collector for this process, which only runs the worker: every send allocates
+    dozens of short-lived objects (tasks, futures, records), so at the default threshold a
+    collection ran every dozen sends, and the older generations' passes walked every object
+    imported at start (modules, typer's and pydantic's classes), none of them ever garbage.
+    Those are frozen out of the collector's sight, and the young generation collected ten
+    times less often: a few hundred KiB more at most, and about a tenth less CPU per send
+    (a drain of no-op sends). Not done by ``Worker`` itself: an application that embeds one
+    keeps its own collector settings."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def _fixed_limiter(limits: Limits, provider: Provider, url: str | None, *, burst: int,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -125,6 +125,23 @@ class Delivery:
             expires_at=self.expires_at,
             attachments=self.attachments,
         )
+
+
+_SLOTS = tuple(Delivery.__dict__[f.name].__set__ for f in fields(Delivery))
+
+
+def delivery_of_row(values: Sequence[Any], may_be_suppressed: bool = True,
+                    has_attachments: bool | None = None) -> Delivery:
+    """``Delivery(*values, may_be_suppressed=..., has_attachments=...)`` for a store's row,
+    values already decoded, at about half the cost: a frozen dataclass's ``__init__`` goes
+    through ``object.__setattr__`` for each of its 33 fields, and a claim builds a hundred
+    per batch. The slots are filled directly; the other keyword fields get their defaults
+    (``attachments`` empty, ``unsubscribe`` None)."""
+    delivery: Delivery = object.__new__(Delivery)
+    slots = (*values, (), may_be_suppressed, has_attachments, None)
+    for set_slot, value in zip(_SLOTS, slots, strict=True):  # a row of the wrong width fails
+        set_slot(delivery, value)
+    return delivery
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,7 +125,6 @@ def decide(
     """The next state of ``delivery`` after ``outcome``. ``delivery.attempts`` counts
     attempts *before* this one. ``policy`` is the worker-wide backoff; the lane's own base
     and cap win over it."""
-    policy = lane_policy(lane, policy)
     detail: dict[str, Any] = {"outcome": str(outcome.kind), "attempt": delivery.attempts + 1}
     if outcome.response is not None:
         detail["response"] = outcome.response[:500]
@@ -141,6 +140,7 @@ def decide(
         return Decision(State.DEAD, "dead_lettered", dead_reason=DeadReason.PERMANENT,
                         detail=detail)
 
+    policy = lane_policy(lane, policy)  # only a requeue needs it (not the common "sent")
     if kind in (OutcomeClass.THROTTLED, OutcomeClass.PERMANENT, OutcomeClass.ACCOUNT):
         # Early is not failed: no attempt spent; the provider's Retry-After wins. A refusal
         # that names a Retry-After says "later", not "never". Account-level trouble is not

@@ -4,7 +4,8 @@
 worker waits for that task's end on its ``Clock`` (not with ``asyncio.timeout`` around the
 send: on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
 send would then hold its slot until the library's own timeout; and a test clock moves the
-deadline without real waiting). At the deadline:
+deadline without real waiting). The deadline is armed after one turn of the loop, and not at
+all for a send that is done by then (one that needs no I/O). At the deadline:
 
 1. ``progress.abandon()`` reads the phase reached and closes the gate, so the send can no
    longer pass its point of no return (``reach`` raises from then on);
@@ -71,10 +72,16 @@ class Attempt:
         and propagates too (``stopped`` classifies it)."""
         task = asyncio.get_running_loop().create_task(
             self._send(), context=tracked_context(self.progress))
-        ended = asyncio.Event()
-        task.add_done_callback(lambda _: ended.set())
+        ended: asyncio.Event | None = None
         try:
-            await self.clock.wait(ended, self.timeout_s)
+            # One turn of the loop first: a send that needs no I/O (no-op, in-process) is
+            # done by then, and arming the deadline would cost more than the send did. The
+            # race a 429 could win in that turn is closed inside the send task itself
+            # (``gate_seen_s`` is its last step before the request).
+            await asyncio.sleep(0)
+            if not task.done():
+                ended = _ended_event(task)
+                await self.clock.wait(ended, self.timeout_s)
         except asyncio.CancelledError:
             self.progress.abandon()
             _let_go(task)
@@ -83,6 +90,7 @@ class Attempt:
             return task.result().at(self.progress.phase)
         phase = self.progress.abandon()
         task.cancel()
+        assert ended is not None  # the task was not done after the first turn
         await self.clock.wait(ended, self.cancel_grace_s)
         if not task.done():
             log.warning("delivery %d: the send ignored its cancellation at the deadline; "
@@ -119,6 +127,13 @@ def at_deadline(phase: Phase | None, why: str, *, if_sent: str) -> Outcome:
         return Outcome.ambiguous(if_sent, phase=phase)
     return Outcome.transient(f"not sent: {why} (in phase {phase}, before the point of no "
                              "return)", phase=phase)
+
+
+def _ended_event(task: asyncio.Task[Outcome]) -> asyncio.Event:
+    """An event set when ``task`` ends (the clock waits on events)."""
+    ended = asyncio.Event()
+    task.add_done_callback(lambda _: ended.set())
+    return ended
 
 
 def _let_go(task: asyncio.Task[Outcome]) -> None:

@@ -594,7 +594,10 @@ class Worker:
             route.breaker.probe_unsent(delivery.id)
             return
         delivery = self._with_unsubscribe(lane, delivery)
-        with tracing.sending(delivery) as span:  # a no-op unless traces are on
+        if not tracing.enabled():  # the span's context manager costs more than a no-op send
+            await self._attempt(lane, delivery, route, None)
+            return
+        with tracing.sending(delivery) as span:
             await self._attempt(lane, delivery, route, span)
 
     async def _attempt(self, lane: LaneConfig, delivery: Delivery, route: ProviderRoute,
@@ -672,21 +675,24 @@ class Worker:
     ) -> None:
         for observe in self.observers:
             observe(delivery, decision)
-        extra = send_extra(delivery, provider_message_id, decision.detail.get("attempt"))
+
+        def extra() -> dict[str, object]:  # only for a line that is logged
+            return send_extra(delivery, provider_message_id, decision.detail.get("attempt"))
+
         if decision.state in (State.DEAD, State.EXPIRED):
             reason = decision.dead_reason or str(decision.state)
             self.counters[f"dead:{reason}"] += 1
             level = logging.WARNING if reason == DeadReason.EXPIRED else logging.ERROR
             log.log(level, "ALERT dead letter: delivery %d (%s, lane %s, to %s) reason=%s",
                     delivery.id, delivery.key, delivery.lane,
-                    redact_address(delivery.recipient), reason, extra=extra)
+                    redact_address(delivery.recipient), reason, extra=extra())
         elif decision.state is State.AMBIGUOUS:
             self.counters["ambiguous"] += 1
             log.warning("delivery %d is ambiguous (%s)", delivery.id,
-                        decision.detail.get("resolution", ""), extra=extra)
+                        decision.detail.get("resolution", ""), extra=extra())
         elif log.isEnabledFor(logging.DEBUG):
             log.debug("delivery %d: %s (lane %s, to %s)", delivery.id, decision.event,
-                      delivery.lane, redact_address(delivery.recipient), extra=extra)
+                      delivery.lane, redact_address(delivery.recipient), extra=extra())
         if error is None and decision.state is not State.SENT:
             error = decision.detail.get("why") or decision.detail.get("traceback")
         self.acker.add(Transition(

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
-from postlane.core.message import Delivery
+from postlane.core.message import Delivery, delivery_of_row
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
@@ -195,9 +195,8 @@ def _delivery(row: Sequence[Any], hinted: bool = False) -> Delivery:
         return read_columns(dict(zip(DELIVERY_COLUMNS, values, strict=True)), _DECODERS,
                             exc)
     if hinted:
-        return Delivery(*values, may_be_suppressed=row[HINTS_AT],
-                        has_attachments=row[HINTS_AT + 1])
-    return Delivery(*values)
+        return delivery_of_row(values, row[HINTS_AT], row[HINTS_AT + 1])
+    return delivery_of_row(values)
 
 
 async def _deliveries(cur: psycopg.AsyncCursor[Any], hinted: bool = False) -> list[Delivery]:

@@ -4,7 +4,7 @@ outcomes, settle ambiguous ones, and rescue the leases of workers that went away
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +17,11 @@ from postlane.store.postgres._base import PostgresBase, Q, _deliveries
 
 _SET_STATE_IF_SENDING = Q["set_state"].replace("__GUARD__", Q["guard_leased_to_me"])
 _SET_STATE_IF_AMBIGUOUS = Q["set_state"].replace("__GUARD__", Q["guard_ambiguous"])
+
+
+def _array(numbers: Iterable[int]) -> str:
+    """Integers as a PostgreSQL array literal, for a parameter the statement casts."""
+    return "{" + ",".join(map(str, numbers)) + "}"
 
 
 class ClaimsMixin(PostgresBase):
@@ -54,8 +59,10 @@ class ClaimsMixin(PostgresBase):
     ) -> set[int]:
         if not claims:
             return set()
-        params = {"owner": owner, "ids": [c.id for c in claims],
-                  "claims": [c.claims for c in claims], **extra}
+        # The arrays as literals ('{1,2,3}', cast by the statement): psycopg's list dumper
+        # costs more than the rest of the statement's client time.
+        params = {"owner": owner, "ids": _array(c.id for c in claims),
+                  "claims": _array(c.claims for c in claims), **extra}
         async with self._pool.connection() as conn:
             cur = await conn.execute(sql, params)
             return {row[0] for row in await cur.fetchall()}
