@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from postlane.core.message import Delivery
+from postlane.core.message import Delivery, delivery_of_row
 from postlane.core.states import State
 from postlane.core.validation import Limits
 from postlane.errors import StoreConflict, StoreError, StoreUnavailable
@@ -251,11 +251,10 @@ def _decode(row: Sequence[Any], *, may_be_suppressed: bool = True,
     metadata = {} if metadata == "{}" else json.loads(metadata)
     check_headers(headers)
     check_metadata(metadata)
-    return Delivery(
+    return delivery_of_row((
         id_, key, lane, channel, recipient, sender, subject, text, html, headers, metadata,
         import_id, template_id, template_version, State(state), attempts, claims,
         _dt(run_at), _opt_dt(expires_at), lease_owner, _opt_dt(lease_expires_at),
         _opt_dt(attempt_started_at), provider_message_id, dead_reason, last_error,
         _dt(created_at), _dt(updated_at), _opt_dt(sent_at), _opt_dt(finished_at),
-        may_be_suppressed=may_be_suppressed, has_attachments=has_attachments,
-    )
+    ), may_be_suppressed, has_attachments)
