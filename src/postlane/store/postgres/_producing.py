@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -199,10 +199,14 @@ async def enqueue_many_on_connection(
 
     The fast way COPYs the new messages straight into their table, with ids reserved from
     the deliveries' sequence (in input order, so "oldest first" is the caller's order), then
-    writes their deliveries and enqueued events in one statement (``insert_deliveries``). A key that exists already (or that a concurrent transaction commits meanwhile)
-    makes that COPY fail on the unique key: it is rolled back to a savepoint and the batch
-    goes the slower insert-or-find way (:func:`_insert_or_find`). A batch that conflicts on
-    its first row (a re-run import) fails at once, so the wasted work is a round trip.
+    writes their deliveries and enqueued events in one statement (``insert_deliveries``).
+    A key that exists already (or that a concurrent transaction commits meanwhile) makes
+    that COPY fail on the unique key, and the batch goes the slower insert-or-find way
+    (:func:`_insert_or_find`): on the store's own connection in a transaction of its own
+    after the fast one rolled back, inside a caller's transaction after rolling back to a
+    savepoint (which costs two round trips a batch, so only the caller's transaction,
+    which must survive the conflict, takes one). A batch that conflicts on its first row
+    (a re-run import) fails at once, so the wasted work is a round trip or two.
 
     Both ways write the rows in key order (code points, ``COLLATE "C"``): two batches that
     share keys then wait for each other's uncommitted keys in one order, never in a cycle.
@@ -212,43 +216,84 @@ async def enqueue_many_on_connection(
     names every one ``producer`` may not have.
     """
     first = first_by_key(messages)
-    async with _atomic(conn), conn.cursor() as cur:
-        # The first statement begins the caller's transaction if it has not begun yet, so
-        # the savepoint below nests in it.
-        await cur.execute(Q["reserve_ids"], (len(first),))
-        row = await cur.fetchone()
-        assert row is not None
-        now, reserved = row
-        ids = dict(zip(first, sorted(reserved), strict=True))
-        keys = sorted(first)
-        batch = [first[key] for key in keys]
-        key_ids = [ids[key] for key in keys]
-        columns, rows = _message_rows(key_ids, batch, producer)
+    if conn.autocommit:  # the store's own connection
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            async with conn.transaction(), conn.cursor() as cur:
+                return await _write_new(conn, cur, messages, first, producer,
+                                        await _reserve(cur, first))
+        async with conn.transaction(), conn.cursor() as cur:
+            return await _write_found(cur, messages, first, producer,
+                                      await _reserve(cur, first))
+    async with conn.cursor() as cur:
+        # The first statement begins the caller's transaction if it has not begun yet (a
+        # psycopg ``transaction()`` would BEGIN and COMMIT it, committing the caller's
+        # business write early), so the savepoint below nests in it.
+        reserved = await _reserve(cur, first)
         try:
             async with conn.transaction():  # a savepoint: a conflict rolls back to here
-                await _copy(cur, Q["copy_messages"].replace("__COLUMNS__", columns), rows)
-                await cur.execute(Q["insert_deliveries"],
-                                  _delivery_params(key_ids, batch, now))
-            created, existing = ids, dict[str, int]()
+                return await _write_new(conn, cur, messages, first, producer, reserved)
         except psycopg.errors.UniqueViolation:
-            rows = [_row(id_, m, now, producer)
-                    for id_, m in zip(key_ids, batch, strict=True)]
-            created, held = await _insert_or_find(cur, rows)
-            check_held(first, producer, held)
-            existing = {row.key: row.id for row in held}
-        results = enqueue_results(messages, created, existing)
-        attachment_rows = rows_for(messages, results)
-        if attachment_rows:
-            await cur.executemany(INSERT_PG, attachment_rows)
+            return await _write_found(cur, messages, first, producer, reserved)
+
+
+class _Reserved(NamedTuple):
+    """A batch's ids, taken in input order, and its rows in key order."""
+
+    now: datetime
+    ids: dict[str, int]
+    batch: list[Message]
+    """Each key's first message, in key order."""
+    key_ids: list[int]
+    """Their ids, beside them."""
+
+
+async def _reserve(cur: psycopg.AsyncCursor[Any], first: dict[str, Message]) -> _Reserved:
+    await cur.execute(Q["reserve_ids"], (len(first),))
+    row = await cur.fetchone()
+    assert row is not None
+    now, reserved = row
+    ids = dict(zip(first, sorted(reserved), strict=True))
+    keys = sorted(first)
+    return _Reserved(now, ids, [first[key] for key in keys], [ids[key] for key in keys])
+
+
+async def _write_new(conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
+                     messages: Sequence[Message], first: dict[str, Message],
+                     producer: str | None, r: _Reserved) -> list[EnqueueResult]:
+    """The fast way: every key new, or ``UniqueViolation``."""
+    columns, rows = _message_rows(r.key_ids, r.batch, producer)
+    await _copy(cur, Q["copy_messages"].replace("__COLUMNS__", columns), rows)
+    params = _delivery_params(r.key_ids, r.batch, r.now)
+    if psycopg.AsyncPipeline.is_supported():
+        # Pipelined: the statement is sent at once, and the server writes the deliveries
+        # while this process lays out the results, on the other core.
+        async with conn.pipeline():
+            await cur.execute(Q["insert_deliveries"], params)
+            results = enqueue_results(messages, r.ids, {})
+    else:
+        await cur.execute(Q["insert_deliveries"], params)
+        results = enqueue_results(messages, r.ids, {})
+    await _write_attachments(cur, messages, results)
     return results
 
 
-def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
-    """One transaction for the batch that never ends the caller's: on an autocommit
-    connection (the store's own) a transaction of its own; otherwise the caller's. (psycopg's
-    ``transaction()`` on a connection whose transaction has not begun yet would BEGIN and
-    COMMIT it, committing the caller's business write early.)"""
-    return conn.transaction() if conn.autocommit else contextlib.nullcontext()
+async def _write_found(cur: psycopg.AsyncCursor[Any], messages: Sequence[Message],
+                       first: dict[str, Message], producer: str | None, r: _Reserved
+                       ) -> list[EnqueueResult]:
+    """The insert-or-find way, for a batch some of whose keys exist."""
+    rows = [_row(id_, m, r.now, producer) for id_, m in zip(r.key_ids, r.batch, strict=True)]
+    created, held = await _insert_or_find(cur, rows)
+    check_held(first, producer, held)
+    results = enqueue_results(messages, created, {row.key: row.id for row in held})
+    await _write_attachments(cur, messages, results)
+    return results
+
+
+async def _write_attachments(cur: psycopg.AsyncCursor[Any], messages: Sequence[Message],
+                             results: list[EnqueueResult]) -> None:
+    attachment_rows = rows_for(messages, results)
+    if attachment_rows:
+        await cur.executemany(INSERT_PG, attachment_rows)
 
 
 async def _copy(cur: psycopg.AsyncCursor[Any], statement: str,
