@@ -352,6 +352,10 @@ def enqueue_results(
 ) -> list[EnqueueResult]:
     """One result per message, in order, from the keys a batch created and those that
     existed; a key repeated in the batch is created once (the first time)."""
+    if not existing and len(created) == len(messages):
+        # Every key new and none repeated (``created`` holds only the batch's keys): a bulk
+        # batch's usual case, without the bookkeeping below.
+        return [EnqueueResult(created[m.key], m.key, created=True) for m in messages]
     results = []
     seen: set[str] = set()
     for message in messages:
