@@ -202,11 +202,13 @@ async def enqueue_many_on_connection(
     writes their deliveries and enqueued events in one statement (``insert_deliveries``).
     A key that exists already (or that a concurrent transaction commits meanwhile) makes
     that COPY fail on the unique key, and the batch goes the slower insert-or-find way
-    (:func:`_insert_or_find`): on the store's own connection in a transaction of its own
-    after the fast one rolled back, inside a caller's transaction after rolling back to a
-    savepoint (which costs two round trips a batch, so only the caller's transaction,
-    which must survive the conflict, takes one). A batch that conflicts on its first row
-    (a re-run import) fails at once, so the wasted work is a round trip or two.
+    (:func:`_insert_or_find`): on an autocommit connection (the store's own) in a
+    ``transaction()`` of its own after the fast one rolled back (both are savepoints when
+    the caller holds a ``transaction()`` open, as a template's enqueue does), inside a
+    caller's transaction after rolling back to a savepoint (which costs two round trips a
+    batch, so only a transaction that must survive the conflict takes one). A batch that
+    conflicts on its first row (a re-run import) fails at once, so the wasted work is a
+    round trip or two.
 
     Both ways write the rows in key order (code points, ``COLLATE "C"``): two batches that
     share keys then wait for each other's uncommitted keys in one order, never in a cycle.
