@@ -107,7 +107,10 @@ COPY postlane_messages (__COLUMNS__) FROM STDIN
 -- arrays, in key order like the messages. A column that is the same for every row (the
 -- lane, the channel) or unset for all (import, delay, expiry) comes as a NULL array, which
 -- unnest pads with NULLs, and takes the scalar or the default instead: run_at is then now(),
--- the same transaction clock reserve_ids read.
+-- the same transaction clock reserve_ids read. The events take the ids from the array too,
+-- not from a RETURNING of the insert: the insert writes every id or fails the statement,
+-- and the server saves keeping and scanning its output (the row order, and so the events'
+-- ids, is the same).
 WITH d AS (
     INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at)
     OVERRIDING SYSTEM VALUE
@@ -117,10 +120,9 @@ WITH d AS (
                 %(import_ids)s::text[], %(run_at)s::timestamptz[],
                 %(expires_at)s::timestamptz[])
          AS r(id, lane, channel, import_id, run_at, expires_at)
-    RETURNING id
 )
 INSERT INTO postlane_events (delivery_id, kind, state)
-SELECT id, 'enqueued', 'pending' FROM d
+SELECT unnest(%(ids)s::bigint[]), 'enqueued', 'pending'
 
 -- name: create_staging
 -- A batch's rows as the insert-or-find way stages them (ids and times already set).
