@@ -339,12 +339,20 @@ def json_text(value: Mapping[str, Any]) -> str:
     return json.dumps(dict(value))
 
 
-# ``json.dumps`` with its defaults builds this C encoder anew on every call, a third of its
-# time for a small object. Built once here, without the cycle check (a message's metadata
-# passed validation's depth limit, and a cycle would still end in an error, then dumps').
-_ENCODE = (json.encoder.c_make_encoder(  # type: ignore[attr-defined]
-    None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-    False, False, True) if json.encoder.c_make_encoder else None)  # type: ignore[attr-defined]
+def _c_encoder() -> Callable[[Any, int], Any] | None:
+    """``json.dumps`` with its defaults builds this C encoder anew on every call, a third of
+    its time for a small object. Built once here, without the cycle check (a message's
+    metadata passed validation's depth limit, and a cycle would still end in an error, then
+    dumps'). None where CPython has no C encoder, or builds it differently: dumps then."""
+    try:
+        return json.encoder.c_make_encoder(  # type: ignore[attr-defined,no-any-return]
+            None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None,
+            ": ", ", ", False, False, True)
+    except TypeError:  # None (no _json module) or another signature
+        return None
+
+
+_ENCODE = _c_encoder()
 
 
 def enqueue_results(
