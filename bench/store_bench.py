@@ -12,8 +12,9 @@ What is measured (rows/s = rows moved / wall time of the phase; CPU µs/row = CP
 this process, and of the PostgreSQL backends serving it, per row):
 
 1. ``enqueue, one per commit``: ``Store.enqueue`` once per message (``--single`` of them).
-2. ``enqueue_many``: ``Store.enqueue_many`` in batches of ``--enqueue-batch`` (COPY into a
-   staging table on PostgreSQL); ``--rows`` messages, median over every fill of the run.
+2. ``enqueue_many``: ``Store.enqueue_many`` in batches of ``--enqueue-batch`` (a COPY of the
+   messages, then one statement for the deliveries and their events, on PostgreSQL);
+   ``--rows`` messages, median over every fill of the run.
 3. ``claim + ack``: one or two asyncio tasks, each looping
    ``claim_batch(lane, --claim-batch, owner, lease)`` -> [``start_attempts``] ->
    ``set_state_if_sending_many(... SENT ...)`` until a claim comes back empty, over
@@ -84,7 +85,7 @@ def make_messages(tag: str, n: int) -> list[Message]:
 
 
 def plain_row(m: Message) -> tuple[Any, ...]:
-    """The columns a plain INSERT/COPY writes: what the store's staging COPY carries."""
+    """The columns a plain INSERT/COPY writes: what the store's COPY and insert carry."""
     return (m.key, m.lane, m.channel, m.to, m.sender, m.subject, m.text, m.html,
             json.dumps(dict(m.headers)), json.dumps(dict(m.metadata)))
 

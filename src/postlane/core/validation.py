@@ -51,6 +51,12 @@ _PHONE = re.compile(r"^\+[1-9]\d{6,14}$")  # E.164
 # C0 and C1 controls, and the two Unicode line separators: the key travels in a header.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _WHITESPACE_OR_CONTROL = re.compile(r"[\r\n\t\0 ]")
+# The common address in one match: an ASCII dot-atom local part at a host name of two or
+# more labels whose last is not all digits. What it accepts, ``check_address`` accepts (its
+# lengths aside, checked beside it); anything else takes the full walk, for its own error.
+_PLAIN_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_PLAIN_ADDRESS = re.compile(
+    rf"{_ATEXT}+(?:\.{_ATEXT}+)*@(?:{_PLAIN_LABEL}\.)+(?=[0-9]*[A-Za-z-]){_PLAIN_LABEL}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,9 @@ def check_address(address: str, *, field: str = "to") -> None:
     Internationalized addresses are accepted (``postlane.core.addresses``): a Unicode domain
     that is valid IDNA 2008, a Unicode local part by RFC 6531. Whether a transport can carry
     the local part is the adapter's question, answered at send time."""
+    if (type(address) is str and len(address) <= 254 and _PLAIN_ADDRESS.fullmatch(address)
+            and address.index("@") <= 64):
+        return
     if not isinstance(address, str) or not address:
         raise InvalidAddress(f"{field}: address is empty", field=field)
     if _WHITESPACE_OR_CONTROL.search(address) and not address.startswith('"'):
@@ -296,6 +305,8 @@ correlation data, far below where hashing or encoding it would exhaust the stack
 
 def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored (a NUL, a lone surrogate), or None."""
+    if value.isascii():  # no surrogate; ``in`` is a memchr, the search a loop
+        return "contains a NUL character" if "\0" in value else None
     found = _UNSTORABLE.search(value)
     if found is None:
         return None
@@ -374,11 +385,27 @@ def json_problem(value: Any, *, max_depth: int = MAX_METADATA_DEPTH) -> str | No
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:
     """Raise ``InvalidMetadata`` unless ``metadata`` is a JSON object within the limits."""
-    if not metadata:
+    if not metadata or (type(metadata) is dict and _flat_and_plain(metadata)):
         return
     problem = json_problem(metadata)
     if problem is not None:
         raise InvalidMetadata(f"metadata: {problem}", field="metadata")
+
+
+def _flat_and_plain(metadata: Mapping[str, Any]) -> bool:
+    """Whether ``metadata`` is the common case that ``json_problem`` would pass without a
+    walk: one level of ASCII string keys to ASCII strings, integers, booleans or None.
+    False only means "look closer"."""
+    for key, value in metadata.items():
+        if type(key) is not str or not key.isascii() or "\0" in key:
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii() or "\0" in value:
+                return False
+        elif kind is not int and kind is not bool and value is not None:
+            return False
+    return True
 
 
 def check_storable(message: Message) -> None:

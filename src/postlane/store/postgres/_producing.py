@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from datetime import datetime
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -25,9 +26,6 @@ INSERT_ONE = Q["insert_one"].replace("__ID__", Q["next_delivery_id"])
 """Insert-or-find one message (the outbox's statement, on every driver)."""
 # The synchronous bulk form's insert: INSERT_ONE with an id reserved in input order.
 _INSERT_ONE_WITH_ID = Q["insert_one"].replace("__ID__", "%(id)s")
-# A batch's rows (``_row``) as both ways below write them: the first _MESSAGE_WIDTH fields
-# are the message's, then the delivery's (without the id again); see ``copy_staging``.
-_MESSAGE_WIDTH = 12
 
 
 def message_params(message: Message, producer: str | None = None) -> dict[str, Any]:
@@ -58,9 +56,72 @@ def _row(id_: int, m: Message, now: datetime, producer: str | None) -> tuple[Any
     return (
         id_, m.key, m.to, m.sender, m.subject, m.text, m.html, json_text(m.headers),
         json_text(m.metadata), m.template_id, m.template_version, producer,
-        m.lane, m.channel, m.import_id, now + m.delay if m.delay else now,
-        m.expires_at or (now + m.expires_in if m.expires_in else None),
+        m.lane, m.channel, m.import_id, _run_at(m, now), _expires_at(m, now),
     )
+
+
+def _run_at(m: Message, now: datetime) -> datetime:
+    return now + m.delay if m.delay else now
+
+
+def _expires_at(m: Message, now: datetime) -> datetime | None:
+    return m.expires_at or (now + m.expires_in if m.expires_in else None)
+
+
+# The columns of ``copy_messages`` a batch may leave out, and the field each is read from.
+_OPTIONAL_TEXT = (("sender", attrgetter("sender")), ("text_body", attrgetter("text")),
+                  ("html_body", attrgetter("html")), ("template_id", attrgetter("template_id")),
+                  ("template_version", attrgetter("template_version")))
+
+
+def _message_rows(ids: list[int], batch: Sequence[Message], producer: str | None
+                  ) -> tuple[str, list[tuple[Any, ...]]]:
+    """``copy_messages``' COLUMNS and rows for ``batch`` (in key order, ``ids`` beside it).
+
+    Built a column at a time (comprehensions and ``list.count`` run in C, a function per
+    row would not), then zipped into rows: a bulk import's messages mostly leave the same
+    fields unset, and a column no message sets is not written at all."""
+    n = len(batch)
+    names = ["id", "idempotency_key", "recipient", "subject"]
+    columns: list[Sequence[Any]] = [ids, [m.key for m in batch], [m.to for m in batch],
+                                    [m.subject for m in batch]]
+    for name, field in _OPTIONAL_TEXT:
+        values = list(map(field, batch))
+        if values.count(None) != n:
+            names.append(name)
+            columns.append(values)
+    for name, mappings in (("headers", [m.headers for m in batch]),
+                           ("metadata", [m.metadata for m in batch])):
+        if any(mappings):
+            names.append(name)
+            columns.append([json_text(value) for value in mappings])
+    if producer is not None:
+        names.append("producer")
+        columns.append([producer] * n)
+    return ", ".join(names), list(zip(*columns, strict=True))
+
+
+def _delivery_params(ids: list[int], batch: Sequence[Message], now: datetime
+                     ) -> dict[str, Any]:
+    """``insert_deliveries``' parameters: an array per column, or None where one value (a
+    scalar then) or the default does for every row."""
+    n = len(batch)
+    params: dict[str, Any] = {"ids": ids}
+    for scalar, array, values in (("lane", "lanes", [m.lane for m in batch]),
+                                  ("channel", "channels", [m.channel for m in batch])):
+        if values.count(values[0]) == n:
+            params[scalar], params[array] = values[0], None
+        else:
+            params[scalar], params[array] = None, values
+    import_ids = [m.import_id for m in batch]
+    params["import_ids"] = None if import_ids.count(None) == n else import_ids
+    delays = [m.delay for m in batch]
+    params["run_at"] = (None if not any(delays)
+                        else [_run_at(m, now) for m in batch])
+    expiry = [m.expires_at or m.expires_in for m in batch]
+    params["expires_at"] = (None if expiry.count(None) == n
+                            else [_expires_at(m, now) for m in batch])
+    return params
 
 
 @contextlib.contextmanager
@@ -136,12 +197,18 @@ async def enqueue_many_on_connection(
 ) -> list[EnqueueResult]:
     """Insert-or-find a batch inside whatever transaction ``conn`` is in.
 
-    The fast way COPYs the new rows straight into the table, with ids reserved from its
-    sequence (in input order, so "oldest first" is the caller's order), and then their
-    events. A key that exists already (or that a concurrent transaction commits meanwhile)
-    makes that COPY fail on the unique key: it is rolled back to a savepoint and the batch
-    goes the slower insert-or-find way (:func:`_insert_or_find`). A batch that conflicts on
-    its first row (a re-run import) fails at once, so the wasted work is a round trip.
+    The fast way COPYs the new messages straight into their table, with ids reserved from
+    the deliveries' sequence (in input order, so "oldest first" is the caller's order), then
+    writes their deliveries and enqueued events in one statement (``insert_deliveries``).
+    A key that exists already (or that a concurrent transaction commits meanwhile) makes
+    that COPY fail on the unique key, and the batch goes the slower insert-or-find way
+    (:func:`_insert_or_find`): on an autocommit connection (the store's own) in a
+    ``transaction()`` of its own after the fast one rolled back (both are savepoints when
+    the caller holds a ``transaction()`` open, as a template's enqueue does), inside a
+    caller's transaction after rolling back to a savepoint (which costs two round trips a
+    batch, so only a transaction that must survive the conflict takes one). A batch that
+    conflicts on its first row (a re-run import) fails at once, so the wasted work is a
+    round trip or two.
 
     Both ways write the rows in key order (code points, ``COLLATE "C"``): two batches that
     share keys then wait for each other's uncommitted keys in one order, never in a cycle.
@@ -151,39 +218,84 @@ async def enqueue_many_on_connection(
     names every one ``producer`` may not have.
     """
     first = first_by_key(messages)
-    async with _atomic(conn), conn.cursor() as cur:
-        # The first statement begins the caller's transaction if it has not begun yet, so
-        # the savepoint below nests in it.
-        await cur.execute(Q["reserve_ids"], (len(first),))
-        row = await cur.fetchone()
-        assert row is not None
-        now, reserved = row
-        ids = dict(zip(first, sorted(reserved), strict=True))
-        rows = [_row(ids[key], first[key], now, producer) for key in sorted(first)]
+    if conn.autocommit:  # the store's own connection
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            async with conn.transaction(), conn.cursor() as cur:
+                return await _write_new(conn, cur, messages, first, producer,
+                                        await _reserve(cur, first))
+        async with conn.transaction(), conn.cursor() as cur:
+            return await _write_found(cur, messages, first, producer,
+                                      await _reserve(cur, first))
+    async with conn.cursor() as cur:
+        # The first statement begins the caller's transaction if it has not begun yet (a
+        # psycopg ``transaction()`` would BEGIN and COMMIT it, committing the caller's
+        # business write early), so the savepoint below nests in it.
+        reserved = await _reserve(cur, first)
         try:
             async with conn.transaction():  # a savepoint: a conflict rolls back to here
-                await _copy(cur, Q["copy_messages"], (r[:_MESSAGE_WIDTH] for r in rows))
-                await _copy(cur, Q["copy_deliveries"],
-                            ((r[0], *r[_MESSAGE_WIDTH:]) for r in rows))
-                await cur.execute(Q["enqueued_events"], ([r[0] for r in rows],))
-            created, existing = ids, dict[str, int]()
+                return await _write_new(conn, cur, messages, first, producer, reserved)
         except psycopg.errors.UniqueViolation:
-            created, held = await _insert_or_find(cur, rows)
-            check_held(first, producer, held)
-            existing = {row.key: row.id for row in held}
-        results = enqueue_results(messages, created, existing)
-        attachment_rows = rows_for(messages, results)
-        if attachment_rows:
-            await cur.executemany(INSERT_PG, attachment_rows)
+            return await _write_found(cur, messages, first, producer, reserved)
+
+
+class _Reserved(NamedTuple):
+    """A batch's ids, taken in input order, and its rows in key order."""
+
+    now: datetime
+    ids: dict[str, int]
+    batch: list[Message]
+    """Each key's first message, in key order."""
+    key_ids: list[int]
+    """Their ids, beside them."""
+
+
+async def _reserve(cur: psycopg.AsyncCursor[Any], first: dict[str, Message]) -> _Reserved:
+    await cur.execute(Q["reserve_ids"], (len(first),))
+    row = await cur.fetchone()
+    assert row is not None
+    now, reserved = row
+    ids = dict(zip(first, sorted(reserved), strict=True))
+    keys = sorted(first)
+    return _Reserved(now, ids, [first[key] for key in keys], [ids[key] for key in keys])
+
+
+async def _write_new(conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCursor[Any],
+                     messages: Sequence[Message], first: dict[str, Message],
+                     producer: str | None, r: _Reserved) -> list[EnqueueResult]:
+    """The fast way: every key new, or ``UniqueViolation``."""
+    columns, rows = _message_rows(r.key_ids, r.batch, producer)
+    await _copy(cur, Q["copy_messages"].replace("__COLUMNS__", columns), rows)
+    params = _delivery_params(r.key_ids, r.batch, r.now)
+    if psycopg.AsyncPipeline.is_supported():
+        # Pipelined: the statement is sent at once, and the server writes the deliveries
+        # while this process lays out the results, on the other core.
+        async with conn.pipeline():
+            await cur.execute(Q["insert_deliveries"], params)
+            results = enqueue_results(messages, r.ids, {})
+    else:
+        await cur.execute(Q["insert_deliveries"], params)
+        results = enqueue_results(messages, r.ids, {})
+    await _write_attachments(cur, messages, results)
     return results
 
 
-def _atomic(conn: psycopg.AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
-    """One transaction for the batch that never ends the caller's: on an autocommit
-    connection (the store's own) a transaction of its own; otherwise the caller's. (psycopg's
-    ``transaction()`` on a connection whose transaction has not begun yet would BEGIN and
-    COMMIT it, committing the caller's business write early.)"""
-    return conn.transaction() if conn.autocommit else contextlib.nullcontext()
+async def _write_found(cur: psycopg.AsyncCursor[Any], messages: Sequence[Message],
+                       first: dict[str, Message], producer: str | None, r: _Reserved
+                       ) -> list[EnqueueResult]:
+    """The insert-or-find way, for a batch some of whose keys exist."""
+    rows = [_row(id_, m, r.now, producer) for id_, m in zip(r.key_ids, r.batch, strict=True)]
+    created, held = await _insert_or_find(cur, rows)
+    check_held(first, producer, held)
+    results = enqueue_results(messages, created, {row.key: row.id for row in held})
+    await _write_attachments(cur, messages, results)
+    return results
+
+
+async def _write_attachments(cur: psycopg.AsyncCursor[Any], messages: Sequence[Message],
+                             results: list[EnqueueResult]) -> None:
+    attachment_rows = rows_for(messages, results)
+    if attachment_rows:
+        await cur.executemany(INSERT_PG, attachment_rows)
 
 
 async def _copy(cur: psycopg.AsyncCursor[Any], statement: str,

@@ -96,16 +96,33 @@ SELECT now(), ARRAY(SELECT nextval('postlane_deliveries_id_seq') FROM generate_s
 
 -- name: copy_messages
 -- COPY writes given values into the identity column (as OVERRIDING SYSTEM VALUE would).
-COPY postlane_messages (id, idempotency_key, recipient, sender, subject, text_body,
-                        html_body, headers, metadata, template_id, template_version,
-                        producer) FROM STDIN
+-- COLUMNS is the id, the key, the recipient and the subject, then only those of the other
+-- columns some message of the batch sets: a column left out takes its default (NULL, or
+-- the empty JSON object), which is what an unset field stores anyway, and costs neither
+-- side a value per row.
+COPY postlane_messages (__COLUMNS__) FROM STDIN
 
--- name: copy_deliveries
-COPY postlane_deliveries (id, lane, channel, import_id, run_at, expires_at) FROM STDIN
-
--- name: enqueued_events
+-- name: insert_deliveries
+-- The batch's deliveries and their enqueued events, in one statement from parallel
+-- arrays, in key order like the messages. A column that is the same for every row (the
+-- lane, the channel) or unset for all (import, delay, expiry) comes as a NULL array, which
+-- unnest pads with NULLs, and takes the scalar or the default instead: run_at is then now(),
+-- the same transaction clock reserve_ids read. The events take the ids from the array too,
+-- not from a RETURNING of the insert: the insert writes every id or fails the statement,
+-- and the server saves keeping and scanning its output (the row order, and so the events'
+-- ids, is the same).
+WITH d AS (
+    INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT r.id, COALESCE(r.lane, %(lane)s), COALESCE(r.channel, %(channel)s), r.import_id,
+           COALESCE(r.run_at, now()), r.expires_at
+    FROM unnest(%(ids)s::bigint[], %(lanes)s::text[], %(channels)s::text[],
+                %(import_ids)s::text[], %(run_at)s::timestamptz[],
+                %(expires_at)s::timestamptz[])
+         AS r(id, lane, channel, import_id, run_at, expires_at)
+)
 INSERT INTO postlane_events (delivery_id, kind, state)
-SELECT unnest(%s::bigint[]), 'enqueued', 'pending'
+SELECT unnest(%(ids)s::bigint[]), 'enqueued', 'pending'
 
 -- name: create_staging
 -- A batch's rows as the insert-or-find way stages them (ids and times already set).
