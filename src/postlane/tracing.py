@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from postlane.core.message import Delivery, EnqueueResult, Message
@@ -109,13 +109,20 @@ def enqueued(messages: Sequence[Message], results: Sequence[EnqueueResult]) -> N
         span.end()
 
 
-@contextmanager
-def sending(delivery: Delivery) -> Iterator[Any]:
+_NO_SPAN: AbstractContextManager[Any] = nullcontext(None)
+"""What ``sending`` gives while traces are off: one shared no-op, not a generator per send
+(that cost more than a no-op send)."""
+
+
+def sending(delivery: Delivery) -> AbstractContextManager[Any]:
     """A ``postlane.send`` span around one attempt (None while traces are off); the caller
     records the outcome with ``record_outcome``."""
-    if _tracer is None:
-        yield None
-        return
+    return _NO_SPAN if _tracer is None else _sending_span(delivery)
+
+
+@contextmanager
+def _sending_span(delivery: Delivery) -> Iterator[Any]:
+    assert _tracer is not None
     from opentelemetry import trace
 
     with _tracer.start_as_current_span(

@@ -594,10 +594,7 @@ class Worker:
             route.breaker.probe_unsent(delivery.id)
             return
         delivery = self._with_unsubscribe(lane, delivery)
-        if not tracing.enabled():  # the span's context manager costs more than a no-op send
-            await self._attempt(lane, delivery, route, None)
-            return
-        with tracing.sending(delivery) as span:
+        with tracing.sending(delivery) as span:  # a no-op unless traces are on
             await self._attempt(lane, delivery, route, span)
 
     async def _attempt(self, lane: LaneConfig, delivery: Delivery, route: ProviderRoute,
