@@ -587,11 +587,11 @@ class Worker:
             self.counters["errors"] += 1
             log.error("delivery %d: no send slot (%s: %s); released unspent", delivery.id,
                       type(exc).__name__, exc, extra=send_extra(delivery))
-            self._release(delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
+            self._unsent(route, delivery, f"not sent: {type(exc).__name__}", delay_s=1.0)
             return
         if not slot:
-            self._release(delivery, "rate limit gate closed", event="throttled", delay_s=gate)
-            route.breaker.probe_unsent(delivery.id)
+            self._unsent(route, delivery, "rate limit gate closed", event="throttled",
+                         delay_s=gate)
             return
         delivery = self._with_unsubscribe(lane, delivery)
         with tracing.sending(delivery) as span:  # a no-op unless traces are on
@@ -621,9 +621,8 @@ class Worker:
             route.breaker.probe_unsent(delivery.id)
             return
         if attempt.held_at_gate_s:  # someone's 429 closed the gate since the slot check
-            self._release(delivery, "rate limit gate closed before the request left",
-                          event="throttled", delay_s=attempt.held_at_gate_s)
-            route.breaker.probe_unsent(delivery.id)
+            self._unsent(route, delivery, "rate limit gate closed before the request left",
+                         event="throttled", delay_s=attempt.held_at_gate_s)
             return
         duration_ms = round((self.clock.monotonic() - started) * 1000, 2)
         decision = decide(delivery, outcome, lane, datetime.now(UTC),
@@ -706,6 +705,13 @@ class Worker:
         """Give a claimed, never-attempted delivery back: no attempt spent."""
         self._report(delivery, Decision(State.PENDING, event, spend_attempt=False,
                                         delay_s=delay_s, detail={"why": why}), release=True)
+
+    def _unsent(self, route: ProviderRoute, delivery: Delivery, why: str, *,
+                delay_s: float, event: str = "released") -> None:
+        """Release a delivery whose request never left, and let the breaker know: if it was
+        the probe, it says nothing about the provider."""
+        self._release(delivery, why, delay_s=delay_s, event=event)
+        route.breaker.probe_unsent(delivery.id)
 
     def _lost(self, delivery: Delivery, why: str) -> None:
         self.counters["lease_lost"] += 1
