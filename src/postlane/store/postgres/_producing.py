@@ -266,13 +266,10 @@ async def _write_new(conn: psycopg.AsyncConnection[Any], cur: psycopg.AsyncCurso
     columns, rows = _message_rows(r.key_ids, r.batch, producer)
     await _copy(cur, Q["copy_messages"].replace("__COLUMNS__", columns), rows)
     params = _delivery_params(r.key_ids, r.batch, r.now)
-    if psycopg.AsyncPipeline.is_supported():
-        # Pipelined: the statement is sent at once, and the server writes the deliveries
-        # while this process lays out the results, on the other core.
-        async with conn.pipeline():
-            await cur.execute(Q["insert_deliveries"], params)
-            results = enqueue_results(messages, r.ids, {})
-    else:
+    # Pipelined where libpq can: the statement is sent at once, and the server writes the
+    # deliveries while this process lays out the results, on the other core.
+    async with (conn.pipeline() if psycopg.AsyncPipeline.is_supported()
+                else contextlib.nullcontext()):
         await cur.execute(Q["insert_deliveries"], params)
         results = enqueue_results(messages, r.ids, {})
     await _write_attachments(cur, messages, results)
