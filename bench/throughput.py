@@ -12,7 +12,7 @@ the last job done). jobs/s = jobs / drain.
 
 - Postlane: ``postlane worker --provider noop:// --drain`` processes (real CLI, default
   settings: concurrency 200, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
-  which borrows the idle interactive slots). Times from the database: first ``claimed`` event
+  which borrows the idle interactive slots). Times from the database: first ``claimed_at``
   to the last ``finished_at`` -- the ack is written, so this is the stricter end.
 - ``postlane-pg-2-pdf`` and ``postlane-sqlite-1-pdf``: the same drain with every tenth
   delivery carrying a 200 KB PDF (incompressible bytes, as a real PDF's streams are), stored
@@ -189,8 +189,8 @@ def run_postlane(db: str, work: Path, jobs: int, procs: int, backend: str,
         for proc in workers:
             proc.stop()
     failed = [] if capped else [p for p in workers if p.popen.returncode != 0]
-    (first,), = h.query(db, f"SELECT {h.epoch(db, 'min(at)')} FROM postlane_events "
-                            "WHERE kind = 'claimed'")
+    (first,), = h.query(db, f"SELECT {h.epoch(db, 'min(claimed_at)')} "
+                            "FROM postlane_deliveries")
     (last, sent), = h.query(db, f"SELECT {h.epoch(db, 'max(finished_at)')}, "
                                 "count(*) FILTER (WHERE state = 'sent') FROM postlane_deliveries"
                             if backend == "PostgreSQL" else
@@ -424,7 +424,7 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
                                   for r in results if r.ok))
         + ".",
         "- *drain*: first job taken to last job done. Postlane: database times, first "
-        "`claimed` event to the last `finished_at` (the outcome is written). Peers: their "
+        "`claimed_at` to the last `finished_at` (the outcome is written). Peers: their "
         "handler's first and last call (a counter, `bench/peers/_peerstats.py`); the queue's "
         "own completion write for the last batch comes after it. *wall*: from launching the "
         "consumer processes to the last job done (Python start-up and connection set-up "

@@ -119,17 +119,27 @@ async def _seed(url: str) -> None:
 
 
 def _events(url: str) -> list[tuple[int, int, str, str | None, dict[str, Any], float]]:
-    sql = ("SELECT delivery_id, id, kind, state, data, at FROM postlane_events "
-           "ORDER BY delivery_id, id")
+    """Every timeline entry, as store.machine.timeline reads them: a row that ends a claim
+    (0015) is preceded by the ``claimed`` entry it tells."""
+    sql = ("SELECT delivery_id, id, kind, state, data, at, claimed_at, claimed_by, claim "
+           "FROM postlane_events ORDER BY delivery_id, id")
     if url.startswith("sqlite:"):
         conn = sqlite3.connect(url[len("sqlite:///"):])
         try:
-            return [(d, i, k, s, json.loads(data), at)
-                    for d, i, k, s, data, at in conn.execute(sql)]
+            rows = [(d, i, k, s, json.loads(data), at, c_at, by, claim)
+                    for d, i, k, s, data, at, c_at, by, claim in conn.execute(sql)]
         finally:
             conn.close()
-    with psycopg.connect(url) as pg:
-        return [(d, i, k, s, data, at.timestamp()) for d, i, k, s, data, at in pg.execute(sql)]
+    else:
+        with psycopg.connect(url) as pg:
+            rows = [(d, i, k, s, data, at.timestamp(), c_at and c_at.timestamp(), by, claim)
+                    for d, i, k, s, data, at, c_at, by, claim in pg.execute(sql)]
+    events: list[tuple[int, int, str, str | None, dict[str, Any], float]] = []
+    for d, i, k, s, data, at, c_at, by, claim in rows:
+        if c_at is not None:
+            events.append((d, i, "claimed", "sending", {"owner": by, "claim": claim}, c_at))
+        events.append((d, i, k, s, data, at))
+    return events
 
 
 def _rows(url: str) -> dict[int, tuple[str, int, int]]:

@@ -60,7 +60,8 @@ async def test_two_workers_claiming_at_once_send_every_delivery_exactly_once(
     assert a.counters["claimed"] > 0 and b.counters["claimed"] > 0, "both workers took part"
     assert a.counters["claimed"] + b.counters["claimed"] == n
     assert side.count("postlane_deliveries", "state = 'sent' AND claims = 1 AND attempts = 1") == n
-    assert side.count("postlane_events", "kind = 'claimed'") == n
+    # Each claim told once, by the row that ended it (0015).
+    assert side.count("postlane_events", "claim IS NOT NULL") == n
 
 
 async def test_a_rate_limit_response_closes_the_gate_for_the_whole_fleet(

@@ -10,9 +10,10 @@ to it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
-from postlane.core.records import STATUS_RANK
+from postlane.core.records import STATUS_RANK, Event
 from postlane.core.states import TERMINAL_STATES, State
 from postlane.store import base, migrations
 
@@ -46,6 +47,38 @@ def rescue_detail(owner: str | None, started: bool, attempts: int) -> dict[str, 
         detail.update(outcome="ambiguous", attempt=attempts,
                       response=RESCUE_STARTED_RESPONSE)
     return detail
+
+
+# -- the timeline: a claim is told by the row that ends it ---------------------------------
+CLAIMED_EVENT = "claimed"
+
+ClaimColumns = tuple[datetime | None, str | None, int | None]
+"""An event row's ``claimed_at, claimed_by, claim``: set on the row that ends a claim (an
+outcome, a release, a rescue), NULL on every other row."""
+
+
+def claimed_event(like: Event, at: datetime, owner: str | None, claim: int | None) -> Event:
+    return Event(like.id, like.delivery_id, at, CLAIMED_EVENT, "sending",
+                 {"owner": owner, "claim": claim})
+
+
+def timeline(delivery_id: int, rows: Iterable[tuple[Event, ClaimColumns]],
+             in_flight: ClaimColumns | None = None) -> list[Event]:
+    """A delivery's timeline as readers know it: a ``claimed`` entry before each row that
+    ended a claim, and one last for the claim still held (``in_flight``: the narrow row's
+    ``claimed_at``, owner and claim number while it is ``sending``). A claim writes no row
+    of its own (0015): the row that ends it carries when, by whom and which claim, so a
+    no-op send writes one event row, not two. Rows from before 0015 have their own
+    ``claimed`` rows and NULL claim columns, and read as they were written."""
+    events: list[Event] = []
+    for event, (claimed_at, owner, claim) in rows:
+        if claimed_at is not None:
+            events.append(claimed_event(event, claimed_at, owner, claim))
+        events.append(event)
+    if in_flight is not None and in_flight[0] is not None:
+        last = events[-1] if events else Event(0, delivery_id, in_flight[0], "", None, {})
+        events.append(claimed_event(last, in_flight[0], in_flight[1], in_flight[2]))
+    return events
 
 
 # -- dead letters ----------------------------------------------------------------------------

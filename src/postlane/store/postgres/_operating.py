@@ -20,6 +20,7 @@ from postlane.core.records import (
     Stats,
 )
 from postlane.core.states import State
+from postlane.store import machine
 from postlane.store.base import (
     dead_letter_conditions,
     dead_letter_counts,
@@ -67,8 +68,11 @@ class OperatingMixin(PostgresBase):
 
     async def timeline(self, delivery_id: int) -> list[Event]:
         async with self._pool.connection() as conn:
-            cur = await conn.execute(Q["timeline"], (delivery_id,))
-            return [Event(*row) for row in await cur.fetchall()]
+            cur = await conn.execute(Q["timeline"], {"id": delivery_id})
+            rows = await cur.fetchall()
+        return machine.timeline(
+            delivery_id, [(Event(*r[:6]), (r[6], r[7], r[8])) for r in rows if r[0] is not None],
+            next(((r[6], r[7], r[8]) for r in rows if r[0] is None), None))
 
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
         found = await self._dead_letters(Q["dead_letter_by_id"], {"id": delivery_id}, 1)

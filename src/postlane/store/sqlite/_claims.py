@@ -49,9 +49,6 @@ class ClaimsMixin(SQLiteEngine):
                 {"owner": owner, "lease_s": lease.total_seconds(), "lane": lane,
                  "channel": channel, "limit": limit, "excluded": excluded},
             ).fetchall()
-            conn.execute(Q["insert_events"], (json.dumps([
-                (id_, "claimed", "sending", {"owner": owner, "claim": claims})
-                for id_, claims in rows]),))
             rows = conn.execute(Q["claimed_rows"],
                                 (json.dumps([r[0] for r in rows]),)).fetchall()
         return [_read(self.conn, r, hinted=True) for r in rows]
@@ -112,10 +109,16 @@ class ClaimsMixin(SQLiteEngine):
             for t in transitions
         ])
         with self._write() as conn:
-            applied = {row[0] for row in conn.execute(sql, {"batch": batch, "owner": owner})}
+            claimed_at = dict(conn.execute(sql, {"batch": batch, "owner": owner}).fetchall())
+            applied = set(claimed_at)
             done = [t for t in transitions if t.id in applied]
-            conn.execute(Q["insert_events"], (json.dumps([
-                (t.id, t.event, t.state.value, t.detail) for t in done], default=dict),))
+            if owner is None:  # settling an ambiguous delivery ends no claim
+                conn.execute(Q["insert_events"], (json.dumps([
+                    (t.id, t.event, t.state.value, t.detail) for t in done], default=dict),))
+            else:  # a worker's outcome ends its claim, and tells it (0015)
+                conn.execute(Q["insert_claim_ends"], (json.dumps([
+                    (t.id, t.event, t.state.value, t.detail, claimed_at[t.id], owner, t.claims)
+                    for t in done], default=dict),))
             # After the events: the dead letter's attempt history includes this attempt.
             for t in done:
                 if t.state in (State.DEAD, State.EXPIRED):
@@ -138,7 +141,9 @@ class ClaimsMixin(SQLiteEngine):
     def rescue_expired_leases(self, limit: int = 1000) -> RescueResult:
         requeued, ambiguous = [], []
         with self._write() as conn:
-            for id_, owner, started in conn.execute(Q["expired_leases"], (limit,)).fetchall():
+            ended = []
+            for id_, owner, started, claims, claimed_at in conn.execute(
+                    Q["expired_leases"], (limit,)).fetchall():
                 started = bool(started)
                 state = machine.rescue_target(started).value
                 attempts = 0
@@ -148,9 +153,11 @@ class ClaimsMixin(SQLiteEngine):
                 else:
                     conn.execute(Q["rescue_unstarted"], (state, id_))
                     requeued.append(id_)
-                conn.execute(Q["insert_event"], (
-                    id_, machine.RESCUE_EVENT, state,
-                    json.dumps(machine.rescue_detail(owner, started, attempts))))
+                ended.append((id_, machine.RESCUE_EVENT, state,
+                              machine.rescue_detail(owner, started, attempts),
+                              claimed_at, owner, claims))
+            if ended:  # the rescue ends each claim, and tells it (0015)
+                conn.execute(Q["insert_claim_ends"], (json.dumps(ended),))
         return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
 
 

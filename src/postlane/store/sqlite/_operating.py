@@ -21,6 +21,7 @@ from postlane.core.records import (
     Stats,
 )
 from postlane.core.states import State
+from postlane.store import machine
 from postlane.store.base import (
     dead_letter_conditions,
     dead_letter_counts,
@@ -71,8 +72,12 @@ class OperatingMixin(SQLiteEngine):
         return _read(self.conn, row) if row else None
 
     def timeline(self, delivery_id: int) -> list[Event]:
-        rows = self.conn.execute(Q["timeline"], (delivery_id,)).fetchall()
-        return [Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])) for r in rows]
+        rows = self.conn.execute(Q["timeline"], {"id": delivery_id}).fetchall()
+        return machine.timeline(
+            delivery_id,
+            [(Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])),
+              (_opt_dt(r[6]), r[7], r[8])) for r in rows if r[0] is not None],
+            next(((_opt_dt(r[6]), r[7], r[8]) for r in rows if r[0] is None), None))
 
     def dead_letter(self, delivery_id: int) -> DeadLetter | None:
         found = self._dead_letters("dl.delivery_id = :id", {"id": delivery_id}, 1)

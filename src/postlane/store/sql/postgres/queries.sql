@@ -219,7 +219,8 @@ SELECT id, idempotency_key FROM msg
 -- name: claim
 -- FOR UPDATE SKIP LOCKED: workers on many hosts claim at once, each skipping the rows
 -- another is claiming instead of waiting for them. Lease times from the database's clock
--- (make_interval), never a host's.
+-- (make_interval), never a host's. No timeline row: the row that ends the claim tells it
+-- (0015, store.machine.timeline), from claimed_at and the claim number kept here.
 WITH picked AS (
     SELECT id FROM postlane_deliveries
     WHERE state = 'pending' AND lane = %(lane)s AND channel = %(channel)s AND run_at <= now()
@@ -231,13 +232,10 @@ WITH picked AS (
     UPDATE postlane_deliveries d
     SET state = 'sending', lease_owner = %(owner)s,
         lease_expires_at = now() + make_interval(secs => %(lease_s)s::float8),
-        claims = d.claims + 1, attempt_started_at = NULL, updated_at = now()
+        claims = d.claims + 1, attempt_started_at = NULL, claimed_at = now(),
+        updated_at = now()
     FROM picked WHERE d.id = picked.id
     RETURNING d.*
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state, data)
-    SELECT id, 'claimed', 'sending', jsonb_build_object('owner', %(owner)s::text, 'claim', claims)
-    FROM claimed
 )
 -- The update rewrote only the narrow rows; the message is read, never written. Two hints
 -- save the worker a round trip each per batch (core.message.Delivery): an address that is
@@ -299,11 +297,17 @@ WITH t AS (
     FROM t
     WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
     RETURNING d.id, d.state, d.last_error, t.event, t.detail, t.reason, t.cause,
+              d.claims, d.claimed_at,
               -- the full row only where a dead letter needs it: building it is not free
               CASE WHEN t.state IN ('dead', 'expired') THEN to_jsonb(d.*) END AS snapshot
 ), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state, data)
-    SELECT id, event, state, detail FROM u
+    -- A worker's outcome ends its claim, and tells it (0015); settling an ambiguous
+    -- delivery (no owner) ends none.
+    INSERT INTO postlane_events (delivery_id, kind, state, data, claimed_at, claimed_by, claim)
+    SELECT id, event, state, detail,
+           CASE WHEN %(owner)s::text IS NOT NULL THEN claimed_at END, %(owner)s::text,
+           CASE WHEN %(owner)s::text IS NOT NULL THEN claims END
+    FROM u
 ), dl AS (
     INSERT INTO postlane_dead_letters
         (delivery_id, reason, cause, snapshot, last_response, attempt_history)
@@ -348,7 +352,7 @@ ORDER BY updated_at, id LIMIT %s
 -- (rescue_target, rescue_detail); this is their PostgreSQL spelling, in one statement.
 -- FOR UPDATE SKIP LOCKED: every worker runs the rescue; two never take the same lease.
 WITH picked AS (
-    SELECT id, lease_owner, attempt_started_at IS NOT NULL AS started
+    SELECT id, lease_owner, attempt_started_at IS NOT NULL AS started, claimed_at
     FROM postlane_deliveries
     WHERE state = 'sending' AND lease_expires_at < now()
     ORDER BY lease_expires_at
@@ -362,16 +366,18 @@ WITH picked AS (
         lease_owner = NULL, lease_expires_at = NULL, attempt_started_at = NULL,
         updated_at = now()
     FROM picked p WHERE d.id = p.id
-    RETURNING d.id, d.state, d.attempts, p.lease_owner, p.started
+    RETURNING d.id, d.state, d.attempts, d.claims, p.lease_owner, p.started, p.claimed_at
 ), ev AS (
     -- A started attempt that never reported is part of the attempt history (as ambiguous).
-    INSERT INTO postlane_events (delivery_id, kind, state, data)
+    -- The rescue ends the claim, and tells it (0015).
+    INSERT INTO postlane_events (delivery_id, kind, state, data, claimed_at, claimed_by, claim)
     SELECT id, {{rescue_event}}, state,
            jsonb_build_object('owner', lease_owner, 'attempt_started', started)
            || CASE WHEN started THEN jsonb_build_object(
                   'outcome', 'ambiguous', 'attempt', attempts,
                   'response', {{rescue_started_response}})
-              ELSE '{}'::jsonb END
+              ELSE '{}'::jsonb END,
+           claimed_at, lease_owner, claims
     FROM u
 )
 SELECT id, state FROM u
@@ -407,8 +413,13 @@ SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE id = %s
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE idempotency_key = %s
 
 -- name: timeline
-SELECT id, delivery_id, at, kind, state, data FROM postlane_events
-WHERE delivery_id = %s ORDER BY id
+-- With the claim each row ends (store.machine.timeline), then the claim still held.
+SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
+FROM postlane_events WHERE delivery_id = %(id)s
+UNION ALL
+SELECT NULL, id, claimed_at, NULL, NULL, NULL, claimed_at, lease_owner, claims
+FROM postlane_deliveries WHERE id = %(id)s AND state = 'sending'
+ORDER BY 1
 
 -- name: dead_letters
 -- The WHERE marker: the triage selection's conditions (store.base.dead_letter_conditions).

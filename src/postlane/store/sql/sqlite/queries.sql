@@ -18,6 +18,15 @@ SELECT json_extract(value, '$[0]'), {{now}}, json_extract(value, '$[1]'),
        json_extract(value, '$[2]'), json(json_extract(value, '$[3]'))
 FROM json_each(?)
 
+-- name: insert_claim_ends
+-- The events of rows that end a claim (an outcome, a rescue): insert_events' columns, then
+-- the claim they end, told by this row (0015, store.machine.timeline).
+INSERT INTO postlane_events (delivery_id, at, kind, state, data, claimed_at, claimed_by, claim)
+SELECT json_extract(value, '$[0]'), {{now}}, json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json(json_extract(value, '$[3]')),
+       json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]')
+FROM json_each(?)
+
 -- name: data_version
 -- Changes when another connection commits: SQLite has no LISTEN/NOTIFY.
 PRAGMA data_version
@@ -44,11 +53,12 @@ PRAGMA foreign_key_check
 
 -- name: claim
 -- SQLite has no FOR UPDATE SKIP LOCKED: the write lock (BEGIN IMMEDIATE) serialises
--- claimers, so the subquery's rows cannot be taken by another in between.
+-- claimers, so the subquery's rows cannot be taken by another in between. No timeline row:
+-- the row that ends the claim tells it (0015).
 UPDATE postlane_deliveries
 SET state = 'sending', lease_owner = :owner,
     lease_expires_at = {{now}} + :lease_s, claims = claims + 1,
-    attempt_started_at = NULL, updated_at = {{now}}
+    attempt_started_at = NULL, claimed_at = {{now}}, updated_at = {{now}}
 WHERE id IN (
     SELECT id FROM postlane_deliveries
     WHERE state = 'pending' AND lane = :lane AND channel = :channel
@@ -111,7 +121,7 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS c
              json_extract(value, '$[6]') AS pmid, json_extract(value, '$[7]') AS reason
       FROM json_each(:batch)) AS t
 WHERE d.id = t.id AND d.claims = t.claims AND __GUARD__
-RETURNING id
+RETURNING id, claimed_at
 
 -- name: guard_sending
 d.state = 'sending' AND d.lease_owner = :owner
@@ -144,7 +154,8 @@ ON CONFLICT (delivery_id) DO UPDATE SET
     discarded_at = NULL, discard_reason = NULL
 
 -- name: expired_leases
-SELECT id, lease_owner, attempt_started_at IS NOT NULL FROM postlane_deliveries
+SELECT id, lease_owner, attempt_started_at IS NOT NULL, claims, claimed_at
+FROM postlane_deliveries
 WHERE state = 'sending' AND lease_expires_at < {{now}} ORDER BY lease_expires_at LIMIT ?
 
 -- name: rescue_started
@@ -668,8 +679,13 @@ WHERE name = ? AND version = ? RETURNING name
 SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE idempotency_key = ?
 
 -- name: timeline
-SELECT id, delivery_id, at, kind, state, data FROM postlane_events
-WHERE delivery_id = ? ORDER BY id
+-- With the claim each row ends (store.machine.timeline), then the claim still held.
+SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
+FROM postlane_events WHERE delivery_id = :id
+UNION ALL
+SELECT NULL, id, claimed_at, NULL, NULL, NULL, claimed_at, lease_owner, claims
+FROM postlane_deliveries WHERE id = :id AND state = 'sending'
+ORDER BY 1
 
 -- name: dead_letters
 -- WHERE (between double underscores) is the filter, from store.base.dead_letter_conditions.
