@@ -34,8 +34,14 @@ def _db_url(engine: str, request: pytest.FixtureRequest) -> str:
 
 
 def _kinds(side: SideDB, delivery_id: int) -> list[str]:
-    return [row[0] for row in side.query(
-        "SELECT kind FROM postlane_events WHERE delivery_id = ? ORDER BY id", (delivery_id,))]
+    """The timeline's kinds from its rows: a row that ends a claim tells it (0015), and the
+    timeline shows a "claimed" entry before it (store.machine.timeline)."""
+    kinds: list[str] = []
+    for kind, ends_a_claim in side.query(
+            "SELECT kind, claimed_at IS NOT NULL FROM postlane_events WHERE delivery_id = ? "
+            "ORDER BY id", (delivery_id,)):
+        kinds += ["claimed", kind] if ends_a_claim else [kind]
+    return kinds
 
 
 def _is_subsequence(wanted: list[str], kinds: list[str]) -> bool:
