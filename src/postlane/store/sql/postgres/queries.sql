@@ -234,7 +234,10 @@ WITH picked AS (
         lease_expires_at = now() + make_interval(secs => %(lease_s)s::float8),
         claims = d.claims + 1, attempt_started_at = NULL, claimed_at = now(),
         updated_at = now()
-    FROM picked WHERE d.id = picked.id
+    -- = ANY(ARRAY(...)), not a join with picked: the plan stays primary-key lookups when
+    -- it is generic (prepared), where LIMIT's parameter is unknown. Joined, the planner
+    -- guessed a tenth of the table and hashed all of it: 30 ms instead of 3.
+    WHERE d.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING d.*
 )
 -- The update rewrote only the narrow rows; the message is read, never written. Two hints
