@@ -4,8 +4,10 @@
 worker waits for that task's end on its ``Clock`` (not with ``asyncio.timeout`` around the
 send: on Python 3.11 a library's internal ``wait_for`` can swallow the cancellation, and the
 send would then hold its slot until the library's own timeout; and a test clock moves the
-deadline without real waiting). The deadline is armed after one turn of the loop, and not at
-all for a send that is done by then (one that needs no I/O). At the deadline:
+deadline without real waiting). The deadline is armed once the send first waits, and not at
+all for a send that is done by then (one that needs no I/O): on Python 3.12 and later the
+task starts eagerly, running to its first wait inside the call that creates it; on 3.11 it
+gets one turn of the loop. At the deadline:
 
 1. ``progress.abandon()`` reads the phase reached and closes the gate, so the send can no
    longer pass its point of no return (``reach`` raises from then on);
@@ -32,6 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+from collections.abc import Coroutine
+from contextvars import Context
+from typing import Any
 
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass, Phase
@@ -70,15 +76,16 @@ class Attempt:
         """The outcome within the deadline, or the deadline's classification. An exception
         out of the adapter (a bug) propagates; a cancellation of the caller cancels the send
         and propagates too (``stopped`` classifies it)."""
-        task = asyncio.get_running_loop().create_task(
-            self._send(), context=tracked_context(self.progress))
+        task = _started(self._send(), tracked_context(self.progress))
         ended: asyncio.Event | None = None
         try:
-            # One turn of the loop first: a send that needs no I/O (no-op, in-process) is
-            # done by then, and arming the deadline would cost more than the send did. The
-            # race a 429 could win in that turn is closed inside the send task itself
-            # (``gate_seen_s`` is its last step before the request).
-            await asyncio.sleep(0)
+            # A send that needs no I/O (no-op, in-process) is done before its deadline is
+            # armed, which would cost more than the send did: at once where the task
+            # started eagerly, else after one turn of the loop. The race a 429 could win in
+            # that turn is closed inside the send task itself (``gate_seen_s`` is its last
+            # step before the request).
+            if not task.done() and not EAGER_TASKS:
+                await asyncio.sleep(0)
             if not task.done():
                 ended = _ended_event(task)
                 await self.clock.wait(ended, self.timeout_s)
@@ -127,6 +134,19 @@ def at_deadline(phase: Phase | None, why: str, *, if_sent: str) -> Outcome:
         return Outcome.ambiguous(if_sent, phase=phase)
     return Outcome.transient(f"not sent: {why} (in phase {phase}, before the point of no "
                              "return)", phase=phase)
+
+
+EAGER_TASKS = sys.version_info >= (3, 12)
+"""Python 3.12 can start a task eagerly: it runs to its first suspension inside the call
+that creates it, and one that never suspends is done without a turn of the loop."""
+
+
+def _started(send: Coroutine[Any, Any, Outcome], context: Context) -> asyncio.Task[Outcome]:
+    """``send`` as a task of its own, in ``context``, started at once where Python can."""
+    if EAGER_TASKS:
+        return asyncio.Task(send, loop=asyncio.get_running_loop(), context=context,
+                            eager_start=True)  # type: ignore[call-arg,unused-ignore]
+    return asyncio.get_running_loop().create_task(send, context=context)
 
 
 def _ended_event(task: asyncio.Task[Outcome]) -> asyncio.Event:
