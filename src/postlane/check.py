@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from postlane.core.durations import parse_duration
 from postlane.core.lanes import (
+    DEFAULT_CONCURRENCY,
     DEFAULT_LANES,
     LaneConfig,
     slot_floors,
@@ -44,7 +45,7 @@ from postlane.core.lanes import (
     with_lane_timings,
 )
 from postlane.core.policy import RetryPolicy, backoff_s, lane_policy
-from postlane.core.rates import parse_limits
+from postlane.core.rates import DEFAULT_HEADROOM, parse_limits
 from postlane.core.redaction import redact_url
 from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import (
@@ -123,8 +124,8 @@ class CheckSettings:
     retry_budget: str | None = None
     """``interactive=0.5`` as given to the worker: the fraction of each lane's validity window
     its retries may use."""
-    headroom: float = 0.02
-    concurrency: int = 200
+    headroom: float = DEFAULT_HEADROOM
+    concurrency: int = DEFAULT_CONCURRENCY
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     timeout_s: float = DEFAULT_TIMEOUT_S
     provider_timeout_s: float = PROVIDER_TIMEOUT_S
@@ -450,13 +451,15 @@ async def _reach_provider(provider: Provider, what: str, timeout_s: float) -> li
 
 
 # -- rate --------------------------------------------------------------------------------
-def check_rate(text: str | None, headroom: float = 0.02) -> tuple[float | None, list[Finding]]:
+def check_rate(text: str | None, headroom: float = DEFAULT_HEADROOM,
+               ) -> tuple[float | None, list[Finding]]:
     """The per-second ceiling (None when unset, unusable, daily only or auto) and the findings."""
     findings: list[Finding] = []
     if not (math.isfinite(headroom) and 0 <= headroom < 0.5):
         findings.append(Finding("rate", "fail",
                                 f"--headroom {headroom!r} is outside [0, 0.5)",
-                                "leave it at 0.02 unless the provider counts loosely"))
+                                f"leave it at {DEFAULT_HEADROOM} unless the provider counts "
+                                "loosely"))
     if text is None or not text.strip():
         findings.append(Finding(
             "rate", "warn",

@@ -14,6 +14,8 @@ import typer
 
 from postlane.check import SKIPPABLE, CheckSettings, Finding, run_checks, summary
 from postlane.cli import options
+from postlane.core.lanes import DEFAULT_CONCURRENCY
+from postlane.core.rates import DEFAULT_HEADROOM
 
 _WORKER_TABLE = "worker"
 _FROM_WORKER = {"provider": str, "rate": str, "limiter": str, "lanes": str,
@@ -26,9 +28,9 @@ def check(
     ctx: typer.Context,
     provider: Annotated[str | None, typer.Option(**options.PROVIDER)] = None,
     rate: Annotated[str | None, typer.Option(**options.RATE)] = None,
-    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = 0.02,
+    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = DEFAULT_HEADROOM,
     limiter: Annotated[str | None, typer.Option(**options.LIMITER)] = None,
-    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = 200,
+    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = DEFAULT_CONCURRENCY,
     lanes: Annotated[str | None, typer.Option(**options.LANES)] = None,
     lane_expiry: Annotated[str | None, typer.Option(
         envvar="POSTLANE_LANE_EXPIRY", show_envvar=True,

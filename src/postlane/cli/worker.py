@@ -17,6 +17,7 @@ from postlane.callbacks import CallbackSender
 from postlane.cli import options
 from postlane.cli.durations import duration_option, lane_durations_option
 from postlane.core.lanes import (
+    DEFAULT_CONCURRENCY,
     DEFAULT_LANES,
     LaneConfig,
     parse_lane_shares,
@@ -24,7 +25,7 @@ from postlane.core.lanes import (
     with_lane_policies,
     with_lane_timings,
 )
-from postlane.core.rates import Limits, parse_limits, parse_rate
+from postlane.core.rates import DEFAULT_HEADROOM, Limits, parse_limits, parse_rate
 from postlane.core.unsubscribe import UnsubscribeConfig
 from postlane.errors import ConfigurationError, MissingExtra
 from postlane.limiter import DailyQuota, RateLimiter, open_limiter
@@ -68,9 +69,9 @@ def worker(
              "when the day's quota runs low.")] = 0.2,
     burst: Annotated[int, typer.Option(envvar="POSTLANE_BURST", show_envvar=True,
                                        help="Sends allowed back to back.")] = 1,
-    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = 0.02,
+    headroom: Annotated[float, typer.Option(**options.HEADROOM)] = DEFAULT_HEADROOM,
     limiter: Annotated[str | None, typer.Option(**options.LIMITER)] = None,
-    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = 200,
+    concurrency: Annotated[int, typer.Option(**options.CONCURRENCY)] = DEFAULT_CONCURRENCY,
     lanes: Annotated[str | None, typer.Option(**options.LANES)] = None,
     bulk_lanes: Annotated[str | None, typer.Option(**options.BULK_LANES)] = None,
     unsubscribe_url: Annotated[str | None, typer.Option(**options.UNSUBSCRIBE_URL)] = None,

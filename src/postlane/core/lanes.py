@@ -59,6 +59,11 @@ class LaneConfig:
     """When a message of this lane that carries an SMS fallback gets it (``core.fallback``)."""
 
 
+DEFAULT_CONCURRENCY = 200
+"""Sends in flight at once per worker, shared by the lanes: twice the claim batch (100), so
+the next claim goes on while a batch is sent. The worker, its CLI and ``postlane check``
+read it here."""
+
 DEFAULT_LANES: tuple[LaneConfig, ...] = (
     LaneConfig("interactive", 0.7, max_attempts=6, default_expiry=timedelta(minutes=15),
                retry_base_s=0.25, retry_cap_s=30.0, attempt_timeout_s=3.0),

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from postlane.errors import ConfigurationError
 
+DEFAULT_HEADROOM = 0.02
+"""Fraction of a rate ceiling kept free for jitter at the provider (``--headroom``): the
+worker, its CLI and ``postlane check`` read it here."""
+
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h|d|day))?\s*$")
 _PER = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
         "d": 86400.0, "day": 86400.0}

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from postlane import tracing
 from postlane.core.breaker import BreakerConfig
-from postlane.core.lanes import DEFAULT_LANES, LaneConfig, check_lanes, may_start, slot_floors
+from postlane.core.lanes import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_LANES,
+    LaneConfig,
+    check_lanes,
+    may_start,
+    slot_floors,
+)
 from postlane.core.message import EMAIL, Delivery
 from postlane.core.outcomes import OutcomeClass
 from postlane.core.policy import (
@@ -81,7 +88,7 @@ log = logging.getLogger("postlane.worker")
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    concurrency: int = 200
+    concurrency: int = DEFAULT_CONCURRENCY
     lanes: tuple[LaneConfig, ...] = DEFAULT_LANES
     batch_size: int = 100
     lease: timedelta = timedelta(seconds=30)
