@@ -62,22 +62,28 @@ def claimed_event(like: Event, at: datetime, owner: str | None, claim: int | Non
                  {"owner": owner, "claim": claim})
 
 
-def timeline(delivery_id: int, rows: Iterable[tuple[Event, ClaimColumns]],
-             in_flight: ClaimColumns | None = None) -> list[Event]:
-    """A delivery's timeline as readers know it: a ``claimed`` entry before each row that
-    ended a claim, and one last for the claim still held (``in_flight``: the narrow row's
-    ``claimed_at``, owner and claim number while it is ``sending``). A claim writes no row
-    of its own (0015): the row that ends it carries when, by whom and which claim, so a
-    no-op send writes one event row, not two. Rows from before 0015 have their own
-    ``claimed`` rows and NULL claim columns, and read as they were written."""
+def timeline(delivery_id: int,
+             rows: Iterable[tuple[Event | None, ClaimColumns]]) -> list[Event]:
+    """A delivery's timeline as readers know it, from the engine's ``timeline`` query: a
+    ``claimed`` entry before each row that ended a claim, and one last for the claim still
+    held (the row without an event: the narrow row's ``claimed_at``, owner and claim number
+    while it is ``sending``). A claim writes no row of its own (0015): the row that ends it
+    carries when, by whom and which claim, so a no-op send writes one event row, not two.
+    Rows from before 0015 have their own ``claimed`` rows and NULL claim columns, and read
+    as they were written."""
     events: list[Event] = []
-    for event, (claimed_at, owner, claim) in rows:
+    held: ClaimColumns | None = None
+    for event, claim_columns in rows:
+        if event is None:
+            held = claim_columns
+            continue
+        claimed_at, owner, claim = claim_columns
         if claimed_at is not None:
             events.append(claimed_event(event, claimed_at, owner, claim))
         events.append(event)
-    if in_flight is not None and in_flight[0] is not None:
-        last = events[-1] if events else Event(0, delivery_id, in_flight[0], "", None, {})
-        events.append(claimed_event(last, in_flight[0], in_flight[1], in_flight[2]))
+    if held is not None and held[0] is not None:
+        last = events[-1] if events else Event(0, delivery_id, held[0], "", None, {})
+        events.append(claimed_event(last, held[0], held[1], held[2]))
     return events
 
 

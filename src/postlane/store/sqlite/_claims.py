@@ -112,13 +112,12 @@ class ClaimsMixin(SQLiteEngine):
             claimed_at = dict(conn.execute(sql, {"batch": batch, "owner": owner}).fetchall())
             applied = set(claimed_at)
             done = [t for t in transitions if t.id in applied]
-            if owner is None:  # settling an ambiguous delivery ends no claim
-                conn.execute(Q["insert_events"], (json.dumps([
-                    (t.id, t.event, t.state.value, t.detail) for t in done], default=dict),))
-            else:  # a worker's outcome ends its claim, and tells it (0015)
-                conn.execute(Q["insert_claim_ends"], (json.dumps([
-                    (t.id, t.event, t.state.value, t.detail, claimed_at[t.id], owner, t.claims)
-                    for t in done], default=dict),))
+            # A worker's outcome ends its claim, and tells it (0015); settling an ambiguous
+            # delivery (no owner) ends none.
+            conn.execute(Q["insert_events"], (json.dumps([
+                (t.id, t.event, t.state.value, t.detail,
+                 *(() if owner is None else (claimed_at[t.id], owner, t.claims)))
+                for t in done], default=dict),))
             # After the events: the dead letter's attempt history includes this attempt.
             for t in done:
                 if t.state in (State.DEAD, State.EXPIRED):
@@ -157,7 +156,7 @@ class ClaimsMixin(SQLiteEngine):
                               machine.rescue_detail(owner, started, attempts),
                               claimed_at, owner, claims))
             if ended:  # the rescue ends each claim, and tells it (0015)
-                conn.execute(Q["insert_claim_ends"], (json.dumps(ended),))
+                conn.execute(Q["insert_events"], (json.dumps(ended),))
         return RescueResult(requeued=sorted(requeued), ambiguous=sorted(ambiguous))
 
 

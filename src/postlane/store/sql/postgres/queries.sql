@@ -416,7 +416,8 @@ SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE id = %s
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE idempotency_key = %s
 
 -- name: timeline
--- With the claim each row ends (store.machine.timeline), then the claim still held.
+-- With the claim each row ends (store.machine.timeline), then the claim still held: the
+-- row without an event id.
 SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
 FROM postlane_events WHERE delivery_id = %(id)s
 UNION ALL

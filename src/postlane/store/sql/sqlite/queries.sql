@@ -12,15 +12,9 @@ VALUES (?, {{now}}, ?, ?, ?)
 
 -- name: insert_events
 -- A batch's events from one JSON array of [delivery id, kind, state, detail] (an
--- executemany with a json.dumps per row cost more than the update it follows).
-INSERT INTO postlane_events (delivery_id, at, kind, state, data)
-SELECT json_extract(value, '$[0]'), {{now}}, json_extract(value, '$[1]'),
-       json_extract(value, '$[2]'), json(json_extract(value, '$[3]'))
-FROM json_each(?)
-
--- name: insert_claim_ends
--- The events of rows that end a claim (an outcome, a rescue): insert_events' columns, then
--- the claim they end, told by this row (0015, store.machine.timeline).
+-- executemany with a json.dumps per row cost more than the update it follows), each
+-- followed, on a row that ends a claim (an outcome, a rescue), by that claim's time, owner
+-- and number (0015, store.machine.timeline); absent elsewhere, so NULL.
 INSERT INTO postlane_events (delivery_id, at, kind, state, data, claimed_at, claimed_by, claim)
 SELECT json_extract(value, '$[0]'), {{now}}, json_extract(value, '$[1]'),
        json_extract(value, '$[2]'), json(json_extract(value, '$[3]')),
@@ -679,7 +673,8 @@ WHERE name = ? AND version = ? RETURNING name
 SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE idempotency_key = ?
 
 -- name: timeline
--- With the claim each row ends (store.machine.timeline), then the claim still held.
+-- With the claim each row ends (store.machine.timeline), then the claim still held: the
+-- row without an event id.
 SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
 FROM postlane_events WHERE delivery_id = :id
 UNION ALL
