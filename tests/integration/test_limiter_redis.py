@@ -336,6 +336,21 @@ async def test_quota_stock_then_pace_shared_by_two_connections(make: MakeLimiter
     assert [round(d, 1) for d in paced.delays_s] == [0.2, 0.4, 0.6]
 
 
+async def test_a_slot_that_spends_no_quota_is_paced_and_leaves_the_day_alone(
+        make: MakeLimiter) -> None:
+    """The pacer's fresh slot for a send whose late slot spent its unit of the day already:
+    spaced by the per-second ceiling with the others, and the quota's stock untouched."""
+    one, two = make(rate=1000, quota=SHORT_DAY), make(rate=1000, quota=SHORT_DAY)
+    free = await one.reserve(5, horizon_s=0.1, spend_quota=False)
+    assert free.granted == 5
+    gaps = [b - a for a, b in zip(free.delays_s, free.delays_s[1:], strict=False)]
+    assert gaps == pytest.approx([0.001] * 4)
+    stock = await two.reserve(100, horizon_s=0.1)
+    assert stock.granted == 15  # the whole stock (five fewer had the five spent it)
+    assert (await one.reserve(1, horizon_s=0.1, spend_quota=False)).granted == 1
+    assert (await one.reserve(1, horizon_s=0.1)).granted == 0  # the stock is gone
+
+
 async def test_bulk_is_refused_first_and_interactive_still_gets_slots(make: MakeLimiter) -> None:
     bulk, interactive = make(rate=None, quota=SHORT_DAY), make(rate=None, quota=SHORT_DAY)
     took = await bulk.reserve(100, horizon_s=0.1, lane="bulk")

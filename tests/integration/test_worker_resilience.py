@@ -30,11 +30,11 @@ class FlakyLimiter(MemoryLimiter):
         self.failures = 0
 
     async def reserve(self, n: int = 1, horizon_s: float = 1.0,
-                      lane: str | None = None) -> Reservation:
+                      lane: str | None = None, *, spend_quota: bool = True) -> Reservation:
         if self.down:
             self.failures += 1
             raise ConnectionError("Redis is unreachable")
-        return await super().reserve(n, horizon_s, lane)
+        return await super().reserve(n, horizon_s, lane, spend_quota=spend_quota)
 
     async def gate_remaining_s(self) -> float:
         if self.down:

@@ -151,3 +151,18 @@ async def test_no_window_holds_more_than_the_quota(
     starts.sort()
     for first, last in zip(starts, starts[quota:], strict=False):
         assert last - first > window - EPS  # quota + 1 sends never fit in one window
+
+
+async def test_a_slot_that_spends_no_quota_is_paced_and_leaves_the_stock() -> None:
+    """The pacer's fresh slot for a send whose late slot spent its unit of the day already:
+    spaced by the per-second ceiling like any other, and nothing taken from the day; even with
+    the stock gone, the per-second slot is granted."""
+    lim, _ = limiter(rate=1000.0)
+    free = await lim.reserve(3, horizon_s=0.1, spend_quota=False)
+    assert free.delays_s == pytest.approx([0.0, 0.001, 0.002])
+    stock = await lim.reserve(100, horizon_s=0.1)
+    assert stock.granted == 25  # the whole stock (3 fewer had the three spent it)
+    assert stock.delays_s[0] == pytest.approx(0.003)  # after the three per-second slots
+    late = await lim.reserve(1, horizon_s=0.1, spend_quota=False)
+    assert late.granted == 1  # the stock is gone; a send it counted still gets its slot
+    assert (await lim.reserve(1, horizon_s=0.1)).granted == 0

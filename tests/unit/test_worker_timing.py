@@ -114,6 +114,26 @@ async def test_a_late_slot_under_a_daily_quota_alone_is_used_not_wasted() -> Non
     assert rest is not None and len(rest[0]) == 2  # the stock of 3, less the one used
 
 
+async def test_a_late_slot_under_a_rate_and_a_quota_costs_the_day_one_unit() -> None:
+    """With a per-second ceiling the stalled send takes a fresh slot, but only a per-second
+    one: the late slot spent its unit of the day already, and the stock of 3 is left with 2
+    (a fresh slot from the quota too would leave 1)."""
+    clock = FakeClock()
+    counters: Counter[str] = Counter()
+    limiter = MemoryLimiter(rate=10.0, quota=DailyQuota(6, window_s=1000.0, burst=0.5),
+                            clock=clock.monotonic)
+    pacer = Pacer(limiter, ["bulk"], counters, horizon_s=1.0, late_slot_s=0.015, clock=clock)
+    start = clock.now
+    reserved = await pacer.reserve("bulk", 1)
+    assert reserved is not None
+    clock.stall_next_sleep(0.05)
+    assert await pacer.wait_for_slot("bulk", reserved[0][0] + 0.001, reserved[1])
+    assert counters["late_slots"] == 1
+    assert clock.now == pytest.approx(start + 0.1)  # the next per-second slot
+    rest = await pacer.reserve("bulk", 5)
+    assert rest is not None and len(rest[0]) == 2
+
+
 async def test_a_slot_missed_by_less_than_the_limit_is_used() -> None:
     clock, pacer, counters = pacer_at(rate=10.0)
     start = clock.now

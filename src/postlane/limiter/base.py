@@ -167,7 +167,7 @@ class RateLimiter(abc.ABC):
 
     @abc.abstractmethod
     async def reserve(self, n: int = 1, horizon_s: float = 1.0,
-                      lane: str | None = None) -> Reservation:
+                      lane: str | None = None, *, spend_quota: bool = True) -> Reservation:
         """Atomically reserve up to ``n`` send slots for ``lane``.
 
         Slots are spaced ``1/rate`` apart and within the daily quota, never in the past and
@@ -175,6 +175,10 @@ class RateLimiter(abc.ABC):
         horizon is reached, none while the gate is closed. ``horizon_s=0`` means "only if a
         slot is free right now". A lane the quota names as yielding gets no slot that would
         take the quota's stock below its reserve.
+
+        ``spend_quota=False``: per-second slots only, the daily quota neither consulted nor
+        spent. For a send whose unit of the day was spent already by a slot it could not use
+        (the pacer's late slot): a fresh slot must not cost the day a second unit.
         """
 
     @abc.abstractmethod

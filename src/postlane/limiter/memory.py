@@ -53,14 +53,14 @@ class MemoryLimiter(RateLimiter):
         return round(self._clock() * _NS)
 
     async def reserve(self, n: int = 1, horizon_s: float = 1.0,
-                      lane: str | None = None) -> Reservation:
+                      lane: str | None = None, *, spend_quota: bool = True) -> Reservation:
         check_reserve_args(n, horizon_s)
         horizon_ns = round(horizon_s * _NS)
         with self._lock:
             now = self._now_ns()
             if self._gate_ns is not None and self._gate_ns > now:
                 return Reservation([], (self._gate_ns - now) / _NS)
-            daily = self._daily
+            daily = self._daily if spend_quota else None
             d_interval = d_tau = 0
             d_horizon = horizon_ns
             if daily is not None and self.quota is not None:

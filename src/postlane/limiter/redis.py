@@ -244,12 +244,12 @@ class RedisLimiter(RateLimiter):
         )
 
     async def reserve(self, n: int = 1, horizon_s: float = 1.0,
-                      lane: str | None = None) -> Reservation:
+                      lane: str | None = None, *, spend_quota: bool = True) -> Reservation:
         check_reserve_args(n, horizon_s)
         horizon_us = round(horizon_s * _US)
         d_interval = d_tau = 0
         d_horizon = horizon_us
-        if self._daily is not None and self.quota is not None:
+        if spend_quota and self._daily is not None and self.quota is not None:
             d_interval, d_tau, yielding_tau = self._daily
             if lane in self.quota.yielding:  # see MemoryLimiter.reserve
                 d_tau, d_horizon = yielding_tau, 0

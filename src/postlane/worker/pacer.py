@@ -4,7 +4,9 @@ hold each send until its slot, and never use a slot late.
 Why not late: the limiter guarantees planned start times. After an event-loop stall (or a slow
 limiter answer, or a slow gate check) every send whose slot passed meanwhile would go out at
 once, on top of the on-time sends of other tasks and processes, and overfill the provider's
-one-second window. Such a send takes a fresh slot instead.
+one-second window. Such a send takes a fresh slot instead: a per-second slot only, as the late
+one spent the send's unit of the daily quota already, and a second unit would be lost to the
+day.
 
 Why a late slot is used after all when the limiter has no per-second ceiling (a daily quota
 alone): there is no one-second window to overfill, and a fresh slot would cost a second unit
@@ -56,11 +58,13 @@ class Pacer:
         """Per lane, the wait of its last long denial: a daily quota's is not the gate's (0)."""
         self._gate_check_s = 0.0  # recent worst round trip of a gate check (decaying)
 
-    async def reserve(self, lane: str, n: int) -> tuple[list[float], float] | None:
+    async def reserve(self, lane: str, n: int, *, spend_quota: bool = True
+                      ) -> tuple[list[float], float] | None:
         """Send slots for up to ``n`` deliveries as (delays from now, uncertainty); None when
         the gate stays shut (or the daily quota refuses: ``quota_wait_s``) for long. The
         limiter decided somewhere within the round trip, so a slot counted from its answer may
-        be late by up to that round trip: the uncertainty."""
+        be late by up to that round trip: the uncertainty. ``spend_quota``: see
+        ``RateLimiter.reserve``."""
         if self.limiter is None:
             return [0.0] * n, 0.0
         async with self._reserve_locks[lane]:
@@ -68,7 +72,8 @@ class Pacer:
             while True:
                 asked = self.clock.monotonic()
                 try:
-                    reservation = await self.limiter.reserve(n, self.horizon_for(lane), lane)
+                    reservation = await self.limiter.reserve(n, self.horizon_for(lane), lane,
+                                                             spend_quota=spend_quota)
                 except Exception:
                     self.counters["limiter_errors"] += 1
                     raise
@@ -135,7 +140,7 @@ class Pacer:
                     or self.limiter.rate >= UNLIMITED_RATE):
                 return True
             self.counters["late_slots"] += 1
-            reserved = await self.reserve(lane, 1)
+            reserved = await self.reserve(lane, 1, spend_quota=False)
             if reserved is None:
                 return False
             (delay_s,), uncertainty_s = reserved
