@@ -8,7 +8,10 @@ For every system: a fresh database (or Redis queue), ``--jobs`` jobs enqueued wi
 system's bulk API (timed: *enqueue*), a ``CHECKPOINT``, then the consumer processes are
 started and the queue is drained (timed: *drain*, from the first job taken to the last one
 done, so process start-up is not counted; *wall* adds it: from launching the consumers to
-the last job done). jobs/s = jobs / drain.
+the last job done). jobs/s = jobs / drain. Every system drains ``--rounds`` times (3), the
+systems taking turns, and reports its median round: on a shared machine whose speed drifts
+by tens of percent from one minute to the next, a single drain each would compare two
+moments as much as two systems.
 
 - Postlane: ``postlane worker --provider noop:// --drain`` processes (real CLI, default
   settings: concurrency 200, batches of 100, lanes interactive=70/bulk=30, jobs in ``bulk``
@@ -114,6 +117,8 @@ class Result:
     note: str = ""
     done: int | None = None
     """Jobs done when the drain was capped at ``--drain-cap`` seconds (None: all of them)."""
+    rounds: tuple[float, ...] = ()
+    """Every round's jobs/s, in run order, when this is the median round of several."""
 
     @property
     def rate(self) -> float:
@@ -336,48 +341,73 @@ SYSTEMS = ("postlane-pg-1", "postlane-pg-2", "postlane-pg-2-tuned", "postlane-pg
 REDIS_PEERS = ("dramatiq", "celery")
 
 
+ROUNDS = 3
+"""Rounds per system: the machine's speed drifts by tens of percent between minutes, so one
+drain each, one system after the other, makes a ratio of two moments as much as of two
+systems. The systems take turns round by round, and each reports its median round."""
+
+
+def median_round(results: list[Result]) -> Result:
+    """The round with the median jobs/s among those that succeeded (the lower middle of an
+    even count), carrying every round's rate; the last failure when none succeeded."""
+    ok = sorted((r for r in results if r.ok), key=lambda r: r.rate)
+    chosen = ok[(len(ok) - 1) // 2] if ok else results[-1]
+    return replace(chosen, rounds=tuple(r.rate for r in results if r.ok))
+
+
 def measure(jobs: int, systems: tuple[str, ...] = SYSTEMS, timeout: float = 90,
-            redis_jobs: int | None = None, pdf_share: float = PDF_SHARE) -> list[Result]:
-    """``timeout``: the drain cap in seconds (the rate is then taken over the jobs done)."""
-    results: list[Result] = []
-    all_jobs = jobs
+            redis_jobs: int | None = None, pdf_share: float = PDF_SHARE,
+            rounds: int = ROUNDS) -> list[Result]:
+    """``timeout``: the drain cap in seconds (the rate is then taken over the jobs done).
+    ``rounds``: every system this many times, in turns (see ``ROUNDS``)."""
+    by_system: dict[str, list[Result]] = {system: [] for system in systems}
     with h.workdir("throughput") as work:
-        for system in systems:
-            jobs = (redis_jobs or all_jobs) if system in REDIS_PEERS else all_jobs
-            print(f"bench throughput: {system}, {jobs:,} jobs...", flush=True)
-            sub = work / system
-            sub.mkdir()
-            try:
-                share = pdf_share if system.endswith("-pdf") else 0.0
-                if system.startswith("postlane-pg"):
-                    with fresh_pg_database("postlane_bench_tp") as db:
-                        results.append(run_postlane(
-                            db, sub, jobs, int(system.split("-")[2]), "PostgreSQL", timeout,
-                            TUNED if system.endswith("-tuned") else (), share))
-                elif system.startswith("postlane-sqlite"):
-                    db = f"sqlite:///{sub / 'postlane.db'}"
-                    results.append(run_postlane(db, sub, jobs, 1, "SQLite", timeout,
-                                                pdf_share=share))
-                elif system == "pgqueuer":
-                    with fresh_pg_database("postlane_bench_pgq") as db:
-                        results.append(run_pgqueuer(db, sub, jobs, timeout))
-                elif system == "procrastinate":
-                    with fresh_pg_database("postlane_bench_pcr") as db:
-                        results.append(run_procrastinate(db, sub, jobs, timeout))
-                else:
-                    with h.claimed_redis_db() as redis_url:
-                        results.append(run_redis_peer(system, redis_url, sub, jobs, timeout))
-            except Exception as exc:  # one failed system must not lose the others' figures
-                results.append(Result(system, "", "", jobs, 0.0, "", 0.0, 0.0, False,
-                                      f"failed: {type(exc).__name__}: {str(exc)[:600]}"))
-            if jobs != all_jobs:
-                results[-1].note = (results[-1].note + " " if results[-1].note else "") + \
-                    f"{jobs:,} jobs (one enqueue round trip per message)"
-            last = results[-1]
-            print(f"  {last.system} ({last.backend}): enqueue {last.enqueue_rate:,.0f}/s, "
-                  f"drain {last.drain_s:.2f}s = {last.rate:,.0f} jobs/s "
-                  f"{'' if last.ok else 'FAILED ' + last.note}", flush=True)
-    return results
+        for turn in range(1, rounds + 1):
+            for system in systems:
+                by_system[system].append(_measure_one(
+                    work / f"{system}-{turn}", system, jobs, timeout, redis_jobs, pdf_share,
+                    f" (round {turn} of {rounds})" if rounds > 1 else ""))
+    return [median_round(by_system[system]) for system in systems]
+
+
+def _measure_one(sub: Path, system: str, all_jobs: int, timeout: float,
+                 redis_jobs: int | None, pdf_share: float, turn: str) -> Result:
+    """One drain of ``system``: its result, or a failed one that says why (one failed
+    system must not lose the others' figures)."""
+    jobs = (redis_jobs or all_jobs) if system in REDIS_PEERS else all_jobs
+    print(f"bench throughput: {system}, {jobs:,} jobs{turn}...", flush=True)
+    sub.mkdir()
+    try:
+        result = _drain(sub, system, jobs, timeout, pdf_share)
+    except Exception as exc:
+        result = Result(system, "", "", jobs, 0.0, "", 0.0, 0.0, False,
+                        f"failed: {type(exc).__name__}: {str(exc)[:600]}")
+    if jobs != all_jobs:
+        result.note = (result.note + " " if result.note else "") + \
+            f"{jobs:,} jobs (one enqueue round trip per message)"
+    print(f"  {result.system} ({result.backend}): enqueue {result.enqueue_rate:,.0f}/s, "
+          f"drain {result.drain_s:.2f}s = {result.rate:,.0f} jobs/s "
+          f"{'' if result.ok else 'FAILED ' + result.note}", flush=True)
+    return result
+
+
+def _drain(sub: Path, system: str, jobs: int, timeout: float, pdf_share: float) -> Result:
+    share = pdf_share if system.endswith("-pdf") else 0.0
+    if system.startswith("postlane-pg"):
+        with fresh_pg_database("postlane_bench_tp") as db:
+            return run_postlane(db, sub, jobs, int(system.split("-")[2]), "PostgreSQL",
+                                timeout, TUNED if system.endswith("-tuned") else (), share)
+    if system.startswith("postlane-sqlite"):
+        return run_postlane(f"sqlite:///{sub / 'postlane.db'}", sub, jobs, 1, "SQLite",
+                            timeout, pdf_share=share)
+    if system == "pgqueuer":
+        with fresh_pg_database("postlane_bench_pgq") as db:
+            return run_pgqueuer(db, sub, jobs, timeout)
+    if system == "procrastinate":
+        with fresh_pg_database("postlane_bench_pcr") as db:
+            return run_procrastinate(db, sub, jobs, timeout)
+    with h.claimed_redis_db() as redis_url:
+        return run_redis_peer(system, redis_url, sub, jobs, timeout)
 
 
 def markdown(results: list[Result], versions: dict[str, str], command: str) -> str:
@@ -386,7 +416,11 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
         "",
         f"Command: `{command}`. Jobs pre-enqueued, then drained; every system on the same "
         "PostgreSQL server (a fresh database each) or the same Redis, one after another in "
-        "this run, a `VACUUM ANALYZE` and a `CHECKPOINT` before each PostgreSQL drain.",
+        "this run, a `VACUUM ANALYZE` and a `CHECKPOINT` before each PostgreSQL drain. "
+        + (f"{rounds} rounds: every system drains once per round, in the table's order, and "
+           "shows its median round (every round's jobs/s beside it, in run order), so a "
+           "drift of the machine's speed weighs on every system alike."
+           if (rounds := max((len(r.rounds) for r in results), default=1)) > 1 else ""),
         "",
         "| system | backend | consumers | enqueue (bulk) | drain | wall incl. start-up "
         "| jobs/s | Postlane 2 proc. / this | Postlane 1 proc. / this "
@@ -411,10 +445,12 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
         drain = f"{r.drain_s:.2f} s"
         if r.done is not None:
             drain += f" ({r.done:,} of {r.jobs:,}: capped)"
+        spread = (" (" + " · ".join(f"{rate:,.0f}" for rate in r.rounds) + ")"
+                  if len(r.rounds) > 1 else "")
         lines.append(
             f"| {r.system} | {r.backend} | {r.config} | {r.jobs:,} in {r.enqueue_s:.2f} s "
             f"({r.enqueue_rate:,.0f}/s) | {drain} | {r.wall_s:.2f} s | "
-            f"{r.rate:,.0f}{status} | {ratio} | {ratio1} | {ratio_t} |")
+            f"{r.rate:,.0f}{spread}{status} | {ratio} | {ratio1} | {ratio_t} |")
     lines += [
         "",
         "How each was measured:",
@@ -454,11 +490,12 @@ def markdown(results: list[Result], versions: dict[str, str], command: str) -> s
 def run(quick: bool = False, jobs: int | None = None,
         systems: tuple[str, ...] = SYSTEMS, command: str = "",
         redis_jobs: int | None = None, cap: float = 90.0,
-        pdf_share: float = PDF_SHARE) -> tuple[str, list[Result]]:
+        pdf_share: float = PDF_SHARE, rounds: int | None = None) -> tuple[str, list[Result]]:
     versions = ensure_peers_venv() if any(not s.startswith("postlane") for s in systems) else {}
     jobs = jobs or (5_000 if quick else 50_000)
     redis_jobs = redis_jobs or min(jobs, 20_000)
-    results = measure(jobs, systems, cap, redis_jobs, pdf_share)
+    rounds = rounds or (1 if quick else ROUNDS)
+    results = measure(jobs, systems, cap, redis_jobs, pdf_share, rounds)
     return markdown(results, versions, command), results
 
 
@@ -472,6 +509,8 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=90.0, help="drain cap in seconds")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"drains per system, in turns [default: {ROUNDS}; --quick: 1]")
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--pdf-share", type=float, default=PDF_SHARE,
                    help="share of the deliveries carrying a 200 KB PDF in the *-pdf systems")
@@ -480,7 +519,7 @@ def main() -> None:
                         "rows beside the plain ones, leaving the peers' table alone)")
     a = p.parse_args()
     body, _ = run(a.quick, a.jobs, tuple(s for s in a.systems.split(",") if s),
-                  command_line(), a.redis_jobs, a.cap, a.pdf_share)
+                  command_line(), a.redis_jobs, a.cap, a.pdf_share, a.rounds)
     if a.section == "attachments":
         body = body.replace("## Throughput: no-op dispatch, Postlane and Python peers",
                             "## Throughput with attachments: the plain drain beside one where "
