@@ -61,6 +61,89 @@ def test_resolve_and_cancel(tmp_path: Path) -> None:
     assert code == 0 and '"reason": "ambiguous_unresolved"' in out
 
 
+async def fill(url: str) -> None:
+    """Six queued deliveries, three of import "weekly", and two ambiguous ones."""
+    async with open_store(url) as store:
+        await store.migrate()
+        for i in range(6):
+            await store.enqueue(Message(key=f"q{i}", to=f"q{i}@example.com", text="t",
+                                        lane="bulk", import_id="weekly" if i < 3 else None))
+        for i in range(2):
+            await store.enqueue(Message(key=f"x{i}", to=f"x{i}@example.com", text="t"))
+        claimed = await store.claim_batch("interactive", 2, "w", timedelta(seconds=30))
+        await store.start_attempts("w", [Claim(d.id, d.claims) for d in claimed])
+        await store.set_state_if_sending_many("w", [
+            Transition(d.id, d.claims, State.AMBIGUOUS, "ambiguous",
+                       detail={"outcome": "ambiguous"}) for d in claimed])
+
+
+async def by_key(url: str) -> dict[str, str]:
+    async with open_store(url) as store:
+        found = {}
+        for key in [f"q{i}" for i in range(6)] + ["x0", "x1"]:
+            d = await store.get(key)
+            assert d is not None
+            found[key] = str(d.state)
+        return found
+
+
+def test_cancel_a_selection_previewed_then_confirmed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    asyncio.run(fill(url))
+    code, out = cli(url, "cancel", "--import", "weekly", "--dry-run")
+    assert code == 0
+    assert "3 deliveries match (state=queued, import_id=weekly)" in out
+    assert "--expected 3 --upto-id 3" in out
+    code, out = cli(url, "cancel", "--import", "weekly")  # unconfirmed: a preview, no more
+    assert code == 1 and "--expected 3 --upto-id 3" in out and "nothing done" in out
+    assert set(asyncio.run(by_key(url)).values()) == {"pending", "ambiguous"}
+    code, out = cli(url, "cancel", "--import", "weekly", "--expected", "2", "--upto-id", "3")
+    assert code == 1 and "more than the 2 confirmed" in out  # the count it confirmed is stale
+    code, out = cli(url, "cancel", "--import", "weekly", "--reason", "wrong week",
+                    "--expected", "3", "--upto-id", "3")
+    assert code == 0 and "3 of 3 deliveries cancelled" in out
+    assert asyncio.run(by_key(url)) == {
+        "q0": "cancelled", "q1": "cancelled", "q2": "cancelled", "q3": "pending",
+        "q4": "pending", "q5": "pending", "x0": "ambiguous", "x1": "ambiguous"}
+
+
+def test_cancel_touches_nothing_above_the_confirmed_bound(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    asyncio.run(fill(url))
+    code, out = cli(url, "cancel", "--lane", "bulk", "--expected", "6", "--upto-id", "4")
+    assert code == 0 and "4 of 4 deliveries cancelled" in out
+    assert [k for k, v in asyncio.run(by_key(url)).items() if v == "cancelled"] == [
+        "q0", "q1", "q2", "q3"]
+
+
+def test_resolve_a_selection_alike(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    asyncio.run(fill(url))
+    code, out = cli(url, "resolve", "--as", "dead", "--lane", "interactive", "--dry-run")
+    assert code == 0 and "2 deliveries match (state=ambiguous, lane=interactive)" in out
+    code, out = cli(url, "resolve", "--as", "dead", "--lane", "interactive", "--note",
+                    "never arrived", "--expected", "2", "--upto-id", "8")
+    assert code == 0 and "2 of 2 deliveries resolved as dead" in out
+    assert asyncio.run(by_key(url))["x0"] == asyncio.run(by_key(url))["x1"] == "dead"
+
+
+def test_bulk_forms_refuse_what_would_select_too_much_or_too_little(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bulk.db'}"
+    asyncio.run(fill(url))
+    code, out = cli(url, "cancel")  # a bare command selects nothing, not everything
+    assert code != 0 and "give a delivery id, or a selection" in out
+    code, out = cli(url, "cancel", "1", "--lane", "bulk")
+    assert code != 0 and "not both" in out
+    code, out = cli(url, "cancel", "--state", "ambiguous", "--lane", "bulk")
+    assert code == 1 and "cancel applies to deliveries in state queued" in out
+    code, out = cli(url, "cancel", "--state", "sideways")
+    assert code != 0 and "unknown state 'sideways'" in out
+    code, out = cli(url, "resolve", "--as", "sent", "--lane", "interactive",
+                    "--provider-message-id", "p-1")
+    assert code != 0 and "not to a selection" in out
+    assert set(asyncio.run(by_key(url)).values()) == {"pending", "ambiguous"}
+
+
 def test_dlq_replay_dry_run_of_one_entry_refuses_as_the_replay_would(tmp_path: Path) -> None:
     """`dlq replay ID --dry-run` runs every check of the replay and changes nothing."""
     url = f"sqlite:///{tmp_path / 'ops.db'}"
@@ -74,8 +157,6 @@ def test_dlq_replay_dry_run_of_one_entry_refuses_as_the_replay_would(tmp_path: P
     code, out = cli(url, "dlq", "replay", "3", "--dry-run")
     assert code == 1 and "was discarded" in out
     assert asyncio.run(states(url))["c"] == ("dead", "ambiguous_unresolved")
-
-
 
 
 def test_enqueue_an_sms_and_an_email_with_its_fallback(tmp_path: Path) -> None:
