@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from postlane.callbacks import CallbackSender
 from postlane.metrics import FleetSampler, StoreCollector, WorkerMetrics, store_metrics
 from postlane.providers.testing import RecordingProvider
 from postlane.status import FleetStatus
@@ -89,7 +90,7 @@ def exported_names() -> set[str]:
     store = open_store("sqlite:///unused.db")
     collector = StoreCollector(FleetSampler(store))
     collector._status = status  # what render() reads before a scrape
-    worker = Worker(store, RecordingProvider())
+    worker = Worker(store, RecordingProvider(), callbacks=CallbackSender(store))
     names: set[str] = set()
     for text in (generate_latest(collector.registry).decode(),
                  WorkerMetrics(worker).render().decode()):
