@@ -17,8 +17,9 @@ from typing import Annotated
 import typer
 
 from postlane import operations
+from postlane.cli.dlq import Import, Lane, Template
 from postlane.cli.shell import console, run_with_store
-from postlane.core.records import FILTER_STATES, DeliveryFilter
+from postlane.core.records import DeliveryFilter
 from postlane.operations import (
     BulkResult,
     ConfirmationRequired,
@@ -27,10 +28,7 @@ from postlane.operations import (
 )
 from postlane.store.base import Store
 
-Lane = Annotated[str | None, typer.Option(help="Select this lane's deliveries.")]
-Template = Annotated[str | None, typer.Option("--template", help="Select this template's.")]
-Import = Annotated[str | None, typer.Option("--import", help="Select this import's.")]
-Recipient = Annotated[str | None, typer.Option(help="Select this recipient's.")]
+Recipient = Annotated[str | None, typer.Option(help="Only this recipient.")]
 Expected = Annotated[int | None, typer.Option(
     help="Confirm a selection: the count its preview printed.")]
 UptoId = Annotated[int | None, typer.Option(
@@ -129,10 +127,11 @@ def _selection(delivery_id: int | None, lane: str | None, state: str | None,
     if not given:
         raise typer.BadParameter("give a delivery id, or a selection: --lane, --state, "
                                  "--template, --import or --recipient")
-    if state is not None and state not in FILTER_STATES:
-        raise typer.BadParameter(f"unknown state {state!r}", param_hint="--state")
-    return DeliveryFilter(state=state, lane=lane, template_id=template,
-                          import_id=import_id, recipient=recipient)
+    try:
+        return DeliveryFilter(state=state, lane=lane, template_id=template,
+                              import_id=import_id, recipient=recipient)
+    except ValueError as exc:  # an unknown state, said with the states it takes
+        raise typer.BadParameter(str(exc), param_hint="--state") from None
 
 
 def _single(ctx: typer.Context, act: Callable[[Store], Awaitable[str | None]],
