@@ -19,6 +19,7 @@ from postlane.core.lanes import (
     parse_lane_durations,
     parse_lane_shares,
     slot_floors,
+    start_capacity,
     with_lane_timings,
 )
 from postlane.errors import ConfigurationError
@@ -107,6 +108,36 @@ def test_bulk_borrows_interactive_slots_when_interactive_is_quiet() -> None:
     quiet = {"interactive": False, "bulk": True}
     assert may_start("bulk", {"interactive": 0, "bulk": 9}, FLOORS, quiet)
     assert not may_start("bulk", {"interactive": 0, "bulk": 10}, FLOORS, quiet)
+
+
+@given(floors=st.lists(st.integers(1, 20), min_size=1, max_size=4),
+       in_flight=st.lists(st.integers(0, 40), min_size=4, max_size=4),
+       wanting=st.lists(st.booleans(), min_size=4, max_size=4), lane=st.integers(0, 3))
+def test_start_capacity_counts_what_may_start_allows_one_at_a_time(
+        floors: list[int], in_flight: list[int], wanting: list[bool], lane: int) -> None:
+    names = [f"lane{i}" for i in range(len(floors))]
+    assume(lane < len(names))
+    floor_of = dict(zip(names, floors, strict=False))
+    busy = Counter(dict(zip(names, in_flight, strict=False)))
+    wants = dict(zip(names, wanting, strict=False))
+    name = names[lane]
+    counted = 0
+    while may_start(name, busy, floor_of, wants) and counted < 1000:
+        busy[name] += 1
+        counted += 1
+    assert counted < 1000  # a lane's borrowing ends: the others' slots are finite
+    busy[name] -= counted
+    assert start_capacity(name, busy, floor_of, wants) == counted
+
+
+def test_start_capacity_is_the_floor_left_plus_what_idle_lanes_lend() -> None:
+    quiet = {"interactive": False, "bulk": True}
+    assert start_capacity("bulk", {"interactive": 0, "bulk": 0}, FLOORS, quiet) == 10
+    assert start_capacity("bulk", {"interactive": 2, "bulk": 1}, FLOORS, quiet) == 7
+    assert start_capacity("bulk", {"interactive": 0, "bulk": 12}, FLOORS, quiet) == 0
+    # Interactive wants work: bulk has only its own floor.
+    assert start_capacity("bulk", {"interactive": 0, "bulk": 1}, FLOORS,
+                          {"interactive": True}) == 2
 
 
 def test_two_borrowers_cannot_both_take_the_same_idle_slot() -> None:

@@ -257,8 +257,20 @@ def may_start(
     Within its floor, always. Beyond it, only into a slot of a lane that neither uses it
     nor has work waiting (``wanting``), so a lender gets its floor back at its next send.
     """
-    if in_flight.get(lane, 0) < floors[lane]:
-        return True
+    return start_capacity(lane, in_flight, floors, wanting) > 0
+
+
+def start_capacity(
+    lane: str,
+    in_flight: Mapping[str, int],
+    floors: Mapping[str, int],
+    wanting: Mapping[str, bool],
+) -> int:
+    """How many more sends ``lane`` may start now, by the rule of ``may_start``: what is
+    left of its floor, then the other lanes' idle slots it may borrow. What others lend
+    does not change as this lane starts sends, so the count is one sum (a worker asks
+    before every claim; counting one ``may_start`` at a time cost a batch's worth of
+    calls each time)."""
     spare = 0
     for other, floor in floors.items():
         if other == lane:
@@ -268,5 +280,4 @@ def may_start(
         if wanting.get(other, False):
             continue
         spare += max(0, floor - in_flight.get(other, 0))
-    borrowed = in_flight.get(lane, 0) - floors[lane]
-    return borrowed < spare
+    return max(0, floors[lane] + max(0, spare) - in_flight.get(lane, 0))

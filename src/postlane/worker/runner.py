@@ -46,8 +46,8 @@ from postlane.core.lanes import (
     DEFAULT_LANES,
     LaneConfig,
     check_lanes,
-    may_start,
     slot_floors,
+    start_capacity,
 )
 from postlane.core.message import EMAIL, Delivery
 from postlane.core.outcomes import OutcomeClass
@@ -228,7 +228,7 @@ class Worker:
             heartbeat=self.heartbeat,
         )
 
-        # Slot accounting of the lanes (core.lanes.may_start reads these).
+        # Slot accounting of the lanes (core.lanes.start_capacity reads these).
         self._in_flight: Counter[str] = Counter()
         self._wanting: dict[str, bool] = {name: True for name in self.lanes}
         self._slot_freed = asyncio.Event()
@@ -362,13 +362,8 @@ class Worker:
     # -- claiming --------------------------------------------------------------------------
     def _capacity(self, lane: str) -> int:
         """How many more sends ``lane`` may start now (its floor, then borrowed idle slots)."""
-        in_flight = Counter(self._in_flight)
-        count = 0
-        while count < self.config.batch_size and may_start(lane, in_flight, self.floors,
-                                                           self._wanting):
-            in_flight[lane] += 1
-            count += 1
-        return count
+        return min(self.config.batch_size,
+                   start_capacity(lane, self._in_flight, self.floors, self._wanting))
 
     async def _claim_step(self, lane: str) -> bool:
         await self._claim_once(lane)
