@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from postlane.core.fastinit import frozen_init
+
 
 class Phase(StrEnum):
     """Where a send attempt was when it ended, in the order an attempt goes through them.
@@ -71,6 +73,7 @@ class OutcomeClass(StrEnum):
     ACCOUNT = "account"
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     kind: OutcomeClass

@@ -15,6 +15,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from postlane.core.causes import cause_of
+from postlane.core.fastinit import frozen_init
 from postlane.core.lanes import LaneConfig
 from postlane.core.message import Delivery
 from postlane.core.outcomes import Outcome, OutcomeClass
@@ -53,6 +54,7 @@ class ProviderTraits:
     can_lookup_by_key: bool = False
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     state: State

@@ -13,12 +13,14 @@ from datetime import datetime
 from typing import Any
 
 from postlane.core.causes import cause_of
+from postlane.core.fastinit import frozen_init
 from postlane.core.message import Delivery, Message
 from postlane.core.states import State
 from postlane.errors import InvalidMessage, TemplateDeprecated, UnknownTemplate
 
 
 # -- the worker's path ---------------------------------------------------------------------
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A worker's hold on one delivery: the id plus the claim number the lease guards on."""
@@ -27,6 +29,7 @@ class Claim:
     claims: int
 
 
+@frozen_init
 @dataclass(frozen=True, slots=True)
 class Transition:
     """One outcome a worker reports for a delivery it holds.
