@@ -1,14 +1,18 @@
-"""A/B of the PostgreSQL drain: source trees side by side, rounds interleaved, with the CPU
-each side spends per job in the workers and in PostgreSQL.
+"""A/B of the no-op drain: source trees side by side, rounds interleaved, with the CPU
+each side spends per job in the workers and in PostgreSQL (or SQLite, ``--engine``).
 
     git archive <commit> src | tar -x -C /tmp/a      # the "before" tree
     python -m bench.ab_drain --jobs 50000 --rounds 3 before=/tmp/a after=.
     python -m bench.ab_drain before=/tmp/a pgqueuer  # a peer in the same rounds
+    python -m bench.ab_drain --engine sqlite before=/tmp/a after=.   # one process each
 
 Each name=DIR runs ``postlane worker --provider noop:// --drain`` (``--procs`` processes,
 ``--extra`` arguments) with ``PYTHONPATH=DIR/src``, on a fresh database filled by that tree's
-``enqueue_many``; ``pgqueuer`` runs the throughput bench's PgQueuer consumers. jobs/s is
-measured as in the throughput bench (database times for Postlane, the handler's for peers).
+``enqueue_many``; ``pgqueuer`` runs the throughput bench's PgQueuer consumers. With
+``--engine sqlite`` each Postlane side drains a fresh SQLite file instead (one process
+unless ``--procs`` says otherwise, as in the throughput bench), and there is no PostgreSQL
+column. jobs/s is measured as in the throughput bench (database times for Postlane, the
+handler's for peers).
 CPU µs/job: the consumers' own (``RUSAGE_CHILDREN``: Python start-up included, ~1 s a
 process), and PostgreSQL's, read from ``/proc`` (every ``postgres`` process, plus what the
 postmaster collected from backends that exited). On a shared or throttled machine rows/s
@@ -19,6 +23,7 @@ seen in every round is one. Nothing is written to RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -26,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +71,8 @@ def postgres_cpu_s() -> float:
 class Run:
     jobs_per_s: float
     consumer_us: float
-    postgres_us: float
+    postgres_us: float | None
+    """None on SQLite: the database is inside the consumer."""
 
 
 def _children_cpu_s() -> float:
@@ -73,9 +80,10 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_postlane(src: Path, jobs: int, procs: int, extra: list[str], work: Path) -> Run:
+def run_postlane(src: Path, jobs: int, procs: int, extra: list[str], work: Path,
+                 engine: str = "postgres") -> Run:
     env = {"PYTHONPATH": str(src / "src")}
-    with fresh_pg_database("postlane_ab") as db:
+    with _database(engine, work / f"ab-{src.name}.db") as db:
         subprocess.run([str(h.POSTLANE_BIN), "--db", db, "migrate"], env=h.clean_env(**env),
                        check=True, capture_output=True)
         fill = ("import asyncio, sys; from bench import _harness as h; "
@@ -88,7 +96,8 @@ def run_postlane(src: Path, jobs: int, procs: int, extra: list[str], work: Path)
                 "asyncio.run(fill())")
         subprocess.run([sys.executable, "-c", fill], check=True,
                        env=h.clean_env(PYTHONPATH=f"{src / 'src'}{os.pathsep}{h.BENCH_DIR.parent}"))
-        checkpoint(db)
+        if engine == "postgres":
+            checkpoint(db)
         cpu0, pg0 = _children_cpu_s(), postgres_cpu_s()
         workers = [h.postlane(db, "worker", "--provider", "noop://", "--log-level", "WARNING",
                               "--drain", *extra, log_path=work / f"ab-{src.name}-{i}.log",
@@ -98,13 +107,24 @@ def run_postlane(src: Path, jobs: int, procs: int, extra: list[str], work: Path)
                 raise SystemExit(f"a worker failed:\n{proc.log_tail()}")
         cpu1, pg1 = _children_cpu_s(), postgres_cpu_s()
         (first, last, sent), = h.query(
-            db, "SELECT extract(epoch FROM (SELECT min(claimed_at) FROM postlane_deliveries)),"
-                " extract(epoch FROM max(finished_at)), count(*) FILTER (WHERE state = 'sent')"
-                " FROM postlane_deliveries")
+            db, f"SELECT {h.epoch(db, 'min(claimed_at)')}, {h.epoch(db, 'max(finished_at)')},"
+                " count(*) FILTER (WHERE state = 'sent') FROM postlane_deliveries")
     if sent != jobs:
         raise SystemExit(f"{src}: {sent} of {jobs} sent")
     return Run(jobs / (float(last) - float(first)), (cpu1 - cpu0) / jobs * 1e6,
-               (pg1 - pg0) / jobs * 1e6)
+               (pg1 - pg0) / jobs * 1e6 if engine == "postgres" else None)
+
+
+@contextlib.contextmanager
+def _database(engine: str, sqlite_path: Path) -> Iterator[str]:
+    """A fresh database: a new PostgreSQL database, or a new SQLite file."""
+    if engine == "postgres":
+        with fresh_pg_database("postlane_ab") as db:
+            yield db
+        return
+    for leftover in sqlite_path.parent.glob(sqlite_path.name + "*"):  # the file, -wal, -shm
+        leftover.unlink()
+    yield f"sqlite:///{sqlite_path}"
 
 
 def run_pgqueuer(jobs: int, work: Path) -> Run:
@@ -139,9 +159,13 @@ def main() -> None:
     p.add_argument("sides", nargs="+", help="name=DIR (a source tree) or pgqueuer")
     p.add_argument("--jobs", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--procs", type=int, default=2, help="worker processes per Postlane side")
+    p.add_argument("--engine", choices=("postgres", "sqlite"), default="postgres")
+    p.add_argument("--procs", type=int, default=None,
+                   help="worker processes per Postlane side (default: 2 on PostgreSQL, 1 on "
+                        "SQLite)")
     p.add_argument("--extra", default="", help="more `postlane worker` arguments")
     args = p.parse_args()
+    procs = args.procs or (2 if args.engine == "postgres" else 1)
     sides = [(s, None) if s == "pgqueuer" else (s.split("=", 1)[0], Path(s.split("=", 1)[1]))
              for s in args.sides]
     if any(path is None for _, path in sides):
@@ -152,17 +176,22 @@ def main() -> None:
             for name, path in sides:
                 started = time.time()
                 run = (run_pgqueuer(args.jobs, work) if path is None else
-                       run_postlane(path.resolve(), args.jobs, args.procs,
-                                    args.extra.split(), work))
+                       run_postlane(path.resolve(), args.jobs, procs,
+                                    args.extra.split(), work, args.engine))
                 runs[name].append(run)
                 print(f"round {round_} {name:>12}: {run.jobs_per_s:8,.0f} jobs/s   "
                       f"consumers {run.consumer_us:6.1f} µs/job   "
-                      f"PostgreSQL {run.postgres_us:6.1f} µs/job   "
-                      f"({time.time() - started:.0f} s)", flush=True)
+                      f"{_postgres_column([run])}({time.time() - started:.0f} s)", flush=True)
     for name, done in runs.items():
         print(f"median {name:>12}: {statistics.median(r.jobs_per_s for r in done):8,.0f} jobs/s"
               f"   consumers {statistics.median(r.consumer_us for r in done):6.1f} µs/job"
-              f"   PostgreSQL {statistics.median(r.postgres_us for r in done):6.1f} µs/job")
+              f"   {_postgres_column(done)}")
+
+
+def _postgres_column(runs: list[Run]) -> str:
+    """PostgreSQL's CPU per job, the median of ``runs``; nothing for SQLite sides."""
+    values = [r.postgres_us for r in runs if r.postgres_us is not None]
+    return f"PostgreSQL {statistics.median(values):6.1f} µs/job   " if values else ""
 
 
 if __name__ == "__main__":
