@@ -933,9 +933,14 @@ FROM postlane_deliveries WHERE import_id = %s GROUP BY 1, 2
 -- name: fallback_candidates
 -- The flag is in the message (metadata), the state in the narrow row: the partial index
 -- over messages that carry a fallback (0010) finds the few, their narrow rows filter.
--- (jsonb: the ? operator is what that index answers.)
+-- (jsonb: the ? operator is what that index answers.) The narrow row is looked up per
+-- candidate (LATERAL), and OFFSET 0 keeps the planner from flattening that into a join:
+-- joined, a table without statistics yet (a bulk load, before autovacuum's ANALYZE) was
+-- planned from the deliveries' side, a scan of every row on every sweep (90 ms at 100,000
+-- rows, once a second per worker, while the backlog drained).
 SELECT {{delivery_message_columns}}
-FROM postlane_messages m JOIN postlane_deliveries d ON d.id = m.id
+FROM postlane_messages m
+CROSS JOIN LATERAL (SELECT * FROM postlane_deliveries d WHERE d.id = m.id OFFSET 0) d
 WHERE m.metadata ? 'sms_fallback'  -- the partial index
   AND d.state IN ('pending', 'sending', 'ambiguous', 'dead', 'expired')
   AND NOT EXISTS (SELECT 1 FROM postlane_sms_fallbacks f WHERE f.email_id = d.id)
