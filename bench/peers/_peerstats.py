@@ -23,12 +23,13 @@ def _path() -> str:
 
 
 def flush() -> None:
+    # The whole write under the lock: the writer thread and a final flush() from the main
+    # thread share the temporary file's name, and the second replace found it gone.
     with _lock:
-        data = json.dumps(_state)
-    tmp = _path() + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, _path())
+        tmp = _path() + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps(_state))
+        os.replace(tmp, _path())
 
 
 def _writer() -> None:
