@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import SideDB, msg
 
@@ -24,7 +25,8 @@ from postlane.core.states import State
 from postlane.errors import InvalidAddress, InvalidMessage
 from postlane.providers.sandbox import SandboxConfig
 from postlane.providers.sms import SandboxSmsProvider
-from postlane.store import Store
+from postlane.store import Store, open_store
+from postlane.store.postgres._base import Q
 from postlane.worker import Worker
 from postlane.worker.housekeeping import Housekeeping
 from tests.integration.worker_helpers import (
@@ -282,11 +284,6 @@ async def test_the_sweep_reads_only_the_flagged_rows_of_a_table_without_statisti
     tables was planned from the deliveries' side, a scan of every row per sweep (also where
     no message asks for a fallback at all); the sweep must start from the few flagged
     messages however the planner guesses."""
-    import psycopg
-
-    from postlane.store import open_store
-    from postlane.store.postgres._base import Q
-
     def blocks_read(conn: psycopg.Connection[Any]) -> int:
         [[plan]] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
                                 + Q["fallback_candidates"], {"after_s": 0.0, "limit": 100})
@@ -295,25 +292,23 @@ async def test_the_sweep_reads_only_the_flagged_rows_of_a_table_without_statisti
 
     async with open_store(fresh_pg_url) as s:
         await s.migrate()
-        with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
+        with psycopg.connect(fresh_pg_url, autocommit=True) as conn, SideDB(fresh_pg_url) as side:
             for table in ("postlane_deliveries", "postlane_messages"):
                 conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        # A newsletter's worth: at this size, and with these rows, the planner's guesses
-        # without statistics chose the scan (at 50,000 they did not).
-        text = "Hello,\n\n" + "This is the body of a message, about as long as a short one. " * 4
-        for start in range(0, 100_000, 10_000):
-            await s.enqueue_many([
-                msg(f"news:{i}", lane="bulk", to=f"user{i}@example.com", subject="Your digest",
-                    text=text, metadata={"user": i})
-                for i in range(start, start + 10_000)])
-        with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
+            # A newsletter's worth: at this size, and with these rows, the planner's guesses
+            # without statistics chose the scan (at 50,000 they did not).
+            text = ("Hello,\n\n"
+                    + "This is the body of a message, about as long as a short one. " * 4)
+            for start in range(0, 100_000, 10_000):
+                await s.enqueue_many([
+                    msg(f"news:{i}", lane="bulk", to=f"user{i}@example.com",
+                        subject="Your digest", text=text, metadata={"user": i})
+                    for i in range(start, start + 10_000)])
             assert conn.execute("SELECT reltuples FROM pg_class "
                                 "WHERE relname = 'postlane_deliveries'").fetchone() == (-1,)
             # A few index pages, not the deliveries' thousand pages (or 200,000 lookups).
             assert blocks_read(conn) < 20
-        r = await s.enqueue(reset("reset:flagged", after=timedelta(minutes=2)))
-        with SideDB(fresh_pg_url) as side:
+            r = await s.enqueue(reset("reset:flagged", after=timedelta(minutes=2)))
             side.shift(r.id, "created_at", -121.0)  # due
-        with psycopg.connect(fresh_pg_url, autocommit=True) as conn:
             assert blocks_read(conn) < 20
         assert await s.list_fallback_candidates(0.0) == [await s.get(r.id)]
