@@ -274,6 +274,7 @@ async def _send_loop(url: str, prefix: str, ready: Any, go: Any, start: Any, out
         out.put((sends, late))
 
 
+@pytest.mark.alone  # a real-time rate: see the marker in pyproject.toml
 def test_four_processes_share_one_ceiling_and_use_it(redis_url: str, prefix: str) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready, go = ctx.Barrier(PROCESSES + 1), ctx.Barrier(PROCESSES + 1)
@@ -434,6 +435,7 @@ async def _quota_loop(url: str, prefix: str, lane: str, ready: Any, go: Any, sta
         out.put((lane, slots, asks, refused))
 
 
+@pytest.mark.alone  # a real-time rate: see the marker in pyproject.toml
 def test_daily_quota_is_shared_across_processes_and_bulk_yields(redis_url: str,
                                                                  prefix: str) -> None:
     lanes = ["bulk", "bulk", "interactive"]

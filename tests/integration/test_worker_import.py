@@ -47,11 +47,23 @@ async def test_two_workers_claiming_at_once_send_every_delivery_exactly_once(
 ) -> None:
     n = 200
     await store.enqueue_many([welcome(i) for i in range(n)])
-    provider = Provider(deduplicate=False, latency_s=0.002)  # a repeat would be a real dupe
+    workers: list[Worker] = []
+
+    class BothClaimFirst(Provider):
+        """Holds every send until both workers have claimed: on a loaded machine the
+        second worker's start can otherwise come after the first has drained all 200."""
+
+        async def send(self, delivery: Delivery) -> Outcome:
+            while not all(w.counters["claimed"] for w in workers):
+                await asyncio.sleep(0.005)
+            return await super().send(delivery)
+
+    provider = BothClaimFirst(deduplicate=False, latency_s=0.002)  # a repeat: a real dupe
     config = fast_config(drain=True, concurrency=8, batch_size=8)
     async with open_store(store_url(store)) as store_b:
         a = Worker(store, provider, config=config, owner="worker-a")
         b = Worker(store_b, provider, config=config, owner="worker-b")
+        workers += [a, b]
         async with asyncio.timeout(30):
             await asyncio.gather(a.run(), b.run())
     assert len(provider.requests) == n
