@@ -3,13 +3,16 @@ free loopback port over a fresh SQLite database: sign in, see the lanes, replay 
 letters through the canary flow, pause and resume a lane, open a message's timeline.
 
 The test side plays the worker: it dead-letters messages and later sends the replayed
-canary with an in-process ``Worker`` on the same database file. The dashboard's screenshot
-is saved to ``docs/screenshots/dashboard.png``.
+canary with an in-process ``Worker`` on the same database file. The pages' screenshots
+go to the test's temporary directory, or, with ``POSTLANE_UPDATE_SCREENSHOTS=1``, to
+``docs/screenshots/`` (the pictures in docs/dashboard.md), so that an ordinary run leaves
+the working tree as it found it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sqlite3
@@ -42,7 +45,15 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "screenshots" / "dashboard.png"
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+def shots_dir(tmp_path: Path) -> Path:
+    """Where this run's screenshots go (see the module's docstring)."""
+    shots = DOCS_SHOTS if os.environ.get("POSTLANE_UPDATE_SCREENSHOTS") == "1" \
+        else tmp_path / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -280,13 +291,12 @@ async def operate_the_dashboard(launcher: Launcher, browser: Browser, tmp_path: 
         await page.goto(f"{base}/dashboard")
         await expect(page.locator("tr[data-lane=bulk] td.depth")).to_have_text("22")
         await expect(page.locator("table.imports")).to_contain_text("spring")
-        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-        await page.screenshot(path=str(SCREENSHOT), full_page=True)
+        await page.screenshot(path=str(shots_dir(tmp_path) / "dashboard.png"),
+                              full_page=True)
         await context.close()
 
 
 # -- the on-call pages -------------------------------------------------------------------
-SHOTS = SCREENSHOT.parent
 
 
 async def seed_on_call(store: Store, provider: RecordingProvider, workdir: Path) -> dict[str, int]:
@@ -341,6 +351,7 @@ async def test_on_call_pages_in_a_browser(launcher: Launcher, browser: Browser,
 
 
 async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) -> None:
+    shots = shots_dir(tmp_path)
     db_path = tmp_path / "postlane.db"
     db = f"sqlite:///{db_path}"
     provider = RecordingProvider()
@@ -375,7 +386,7 @@ async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) 
         await page.click("form.filters button[type=submit]")
         await expect(count).to_have_text("16")
         await expect(page.locator("table.browser")).to_contain_text("digest:0")
-        await page.screenshot(path=str(SHOTS / "messages.png"), full_page=True)
+        await page.screenshot(path=str(shots / "messages.png"), full_page=True)
 
         # A bulk cancel of the import's queued welcomes: counted, confirmed, done.
         await page.select_option("select[name=lane]", "")
@@ -385,7 +396,7 @@ async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) 
         await page.get_by_role("link", name="Cancel queued…").click()
         await expect(page.locator("p.count")).to_contain_text("Cancel 12 queued deliveries")
         await page.fill("input[name=reason]", "wrong list uploaded")
-        await page.screenshot(path=str(SHOTS / "bulk-cancel.png"), full_page=True)
+        await page.screenshot(path=str(shots / "bulk-cancel.png"), full_page=True)
         await page.get_by_role("button", name="Cancel queued: 12").click()
         await expect(page.locator("p.notice")).to_have_text("cancelled 12 queued deliveries")
         await expect(page.locator("table.browser tbody")).to_contain_text("No messages match")
@@ -417,7 +428,7 @@ async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) 
         await expect(page.locator("dl.facts")).to_contain_text(
             "Provider reply250 2.0.0 Ok: queued as 4F2A1C")
         assert await page.get_by_text("Last error").count() == 0
-        await page.screenshot(path=str(SHOTS / "message.png"), full_page=True)
+        await page.screenshot(path=str(shots / "message.png"), full_page=True)
 
         # The workers page: a running worker process, and the one that died.
         worker = launcher.worker(db, f"record://{tmp_path / 'sends.db'}", name="worker")
@@ -431,13 +442,13 @@ async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) 
         await expect(running).to_contain_text("running")
         await expect(running).to_contain_text("interactive 70%")
         await expect(page.locator("tr.gone")).to_contain_text("mail-2")
-        await page.screenshot(path=str(SHOTS / "workers.png"), full_page=True)
+        await page.screenshot(path=str(shots / "workers.png"), full_page=True)
 
         # Throughput: the outcomes the seeding worker counted, read from the database.
         await page.click("nav >> text=Throughput")
         bulk_dead = page.locator("section[data-lane=bulk] tr[data-outcome=dead] td.total")
         await expect(bulk_dead).to_have_text("4")
-        await page.screenshot(path=str(SHOTS / "throughput.png"), full_page=True)
+        await page.screenshot(path=str(shots / "throughput.png"), full_page=True)
 
         # The breaker banner on every page, and "probe now" that lets a worker close it.
         await store.set_control(CONTROL_PREFIX + "record", account_trouble(
@@ -453,7 +464,7 @@ async def operate_on_call(launcher: Launcher, browser: Browser, tmp_path: Path) 
         await page.click("nav >> text=Messages")
         await expect(banner).to_be_visible()
         await page.click("nav >> text=Overview")
-        await page.screenshot(path=str(SHOTS / "breaker.png"), full_page=True)
+        await page.screenshot(path=str(shots / "breaker.png"), full_page=True)
         await banner.get_by_role("button", name="Probe now").click()
         await expect(page.locator("p.notice")).to_contain_text("a worker sends the probe")
         for _ in range(200):  # the worker probes within a second or two; the banner goes
