@@ -119,26 +119,32 @@ async def _seed(url: str) -> None:
 
 
 def _events(url: str) -> list[tuple[int, int, str, str | None, dict[str, Any], float]]:
-    """Every timeline entry, as store.machine.timeline reads them: a row that ends a claim
-    (0015) is preceded by the ``claimed`` entry it tells."""
+    """Every timeline entry, as store.machine.timeline reads them: the ``enqueued`` entry
+    is the delivery's ``created_at``, and a row that ends a claim (0015) is preceded by the
+    ``claimed`` entry it tells."""
     sql = ("SELECT delivery_id, id, kind, state, data, at, claimed_at, claimed_by, claim "
            "FROM postlane_events ORDER BY delivery_id, id")
+    created_sql = "SELECT id, created_at FROM postlane_deliveries"
     if url.startswith("sqlite:"):
         conn = sqlite3.connect(url[len("sqlite:///"):])
         try:
             rows = [(d, i, k, s, json.loads(data), at, c_at, by, claim)
                     for d, i, k, s, data, at, c_at, by, claim in conn.execute(sql)]
+            created = dict(conn.execute(created_sql).fetchall())
         finally:
             conn.close()
     else:
         with psycopg.connect(url) as pg:
             rows = [(d, i, k, s, data, at.timestamp(), c_at and c_at.timestamp(), by, claim)
                     for d, i, k, s, data, at, c_at, by, claim in pg.execute(sql)]
-    events: list[tuple[int, int, str, str | None, dict[str, Any], float]] = []
+            created = {d: at.timestamp() for d, at in pg.execute(created_sql)}
+    events: list[tuple[int, int, str, str | None, dict[str, Any], float]] = [
+        (d, 0, "enqueued", "pending", {}, at) for d, at in sorted(created.items())]
     for d, i, k, s, data, at, c_at, by, claim in rows:
         if c_at is not None:
             events.append((d, i, "claimed", "sending", {"owner": by, "claim": claim}, c_at))
         events.append((d, i, k, s, data, at))
+    events.sort(key=lambda e: (e[0], e[1]))  # stable: a claimed entry stays before its row
     return events
 
 

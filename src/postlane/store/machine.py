@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from postlane.core.records import STATUS_RANK, Event
 from postlane.core.states import TERMINAL_STATES, State
@@ -49,7 +49,8 @@ def rescue_detail(owner: str | None, started: bool, attempts: int) -> dict[str, 
     return detail
 
 
-# -- the timeline: a claim is told by the row that ends it ---------------------------------
+# -- the timeline: an enqueue is told by the delivery, a claim by the row that ends it -------
+ENQUEUED_EVENT = "enqueued"
 CLAIMED_EVENT = "claimed"
 
 ClaimColumns = tuple[datetime | None, str | None, int | None]
@@ -57,33 +58,47 @@ ClaimColumns = tuple[datetime | None, str | None, int | None]
 outcome, a release, a rescue), NULL on every other row."""
 
 
+class DeliveryColumns(NamedTuple):
+    """What the engine's ``timeline`` query reads from the delivery itself: when it was
+    enqueued, its state, and the claim it holds while ``sending``."""
+
+    created_at: datetime
+    state: str
+    claimed_at: datetime | None
+    owner: str | None
+    claim: int | None
+
+
 def claimed_event(like: Event, at: datetime, owner: str | None, claim: int | None) -> Event:
-    return Event(like.id, like.delivery_id, at, CLAIMED_EVENT, "sending",
+    return Event(like.id, like.delivery_id, at, CLAIMED_EVENT, State.SENDING.value,
                  {"owner": owner, "claim": claim})
 
 
-def timeline(delivery_id: int,
-             rows: Iterable[tuple[Event | None, ClaimColumns]]) -> list[Event]:
-    """A delivery's timeline as readers know it, from the engine's ``timeline`` query: a
-    ``claimed`` entry before each row that ended a claim, and one last for the claim still
-    held (the row without an event: the narrow row's ``claimed_at``, owner and claim number
-    while it is ``sending``). A claim writes no row of its own (0015): the row that ends it
-    carries when, by whom and which claim, so a no-op send writes one event row, not two.
-    Rows from before 0015 have their own ``claimed`` rows and NULL claim columns, and read
-    as they were written."""
+def timeline(delivery_id: int, rows: Iterable[tuple[Event, ClaimColumns]],
+             delivery: DeliveryColumns | None) -> list[Event]:
+    """A delivery's timeline as readers know it, from the engine's ``timeline`` query.
+
+    Neither an enqueue nor a claim writes a row of its own: the ``enqueued`` entry is the
+    delivery's ``created_at``, and a ``claimed`` entry goes before each row that ended a
+    claim (0015: that row carries when, by whom and which claim), with one last for the
+    claim still held (the delivery's ``claimed_at``, owner and claim number while it is
+    ``sending``). So an enqueue writes no event row and a no-op send writes one. Deliveries
+    enqueued by an earlier Postlane have their own ``enqueued`` row (and, before 0015,
+    ``claimed`` rows with NULL claim columns), and read as they were written: no schema
+    changed, so old and new workers can share a database while they are upgraded."""
     events: list[Event] = []
-    held: ClaimColumns | None = None
-    for event, claim_columns in rows:
-        if event is None:
-            held = claim_columns
-            continue
-        claimed_at, owner, claim = claim_columns
+    for event, (claimed_at, owner, claim) in rows:
         if claimed_at is not None:
             events.append(claimed_event(event, claimed_at, owner, claim))
         events.append(event)
-    if held is not None and held[0] is not None:
-        last = events[-1] if events else Event(0, delivery_id, held[0], "", None, {})
-        events.append(claimed_event(last, held[0], held[1], held[2]))
+    if delivery is None:  # gone (pruned) between the reads: what its rows said
+        return events
+    if not events or events[0].kind != ENQUEUED_EVENT:
+        events.insert(0, Event(0, delivery_id, delivery.created_at, ENQUEUED_EVENT,
+                               State.PENDING.value, {}))
+    if delivery.state == State.SENDING.value and delivery.claimed_at is not None:
+        events.append(claimed_event(events[-1], delivery.claimed_at, delivery.owner,
+                                    delivery.claim))
     return events
 
 

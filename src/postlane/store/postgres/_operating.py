@@ -70,8 +70,10 @@ class OperatingMixin(PostgresBase):
         async with self._pool.connection() as conn:
             cur = await conn.execute(Q["timeline"], {"id": delivery_id})
             rows = await cur.fetchall()
-        return machine.timeline(delivery_id, [
-            (None if r[0] is None else Event(*r[:6]), (r[6], r[7], r[8])) for r in rows])
+        return machine.timeline(
+            delivery_id, [(Event(*r[:6]), (r[6], r[7], r[8])) for r in rows if r[0] is not None],
+            next((machine.DeliveryColumns(r[2], r[4], *r[6:]) for r in rows if r[0] is None),
+                 None))
 
     async def dead_letter(self, delivery_id: int) -> DeadLetter | None:
         found = await self._dead_letters(Q["dead_letter_by_id"], {"id": delivery_id}, 1)

@@ -199,7 +199,7 @@ async def enqueue_many_on_connection(
 
     The fast way COPYs the new messages straight into their table, with ids reserved from
     the deliveries' sequence (in input order, so "oldest first" is the caller's order), then
-    writes their deliveries and enqueued events in one statement (``insert_deliveries``).
+    writes their deliveries in one statement (``insert_deliveries``).
     A key that exists already (or that a concurrent transaction commits meanwhile) makes
     that COPY fail on the unique key, and the batch goes the slower insert-or-find way
     (:func:`_insert_or_find`): on an autocommit connection (the store's own) in a

@@ -73,9 +73,11 @@ class OperatingMixin(SQLiteEngine):
 
     def timeline(self, delivery_id: int) -> list[Event]:
         rows = self.conn.execute(Q["timeline"], {"id": delivery_id}).fetchall()
-        return machine.timeline(delivery_id, [
-            (None if r[0] is None else Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])),
-             (_opt_dt(r[6]), r[7], r[8])) for r in rows])
+        return machine.timeline(
+            delivery_id, [(Event(r[0], r[1], _dt(r[2]), r[3], r[4], json.loads(r[5])),
+                           (_opt_dt(r[6]), r[7], r[8])) for r in rows if r[0] is not None],
+            next((machine.DeliveryColumns(_dt(r[2]), r[4], _opt_dt(r[6]), r[7], r[8])
+                  for r in rows if r[0] is None), None))
 
     def dead_letter(self, delivery_id: int) -> DeadLetter | None:
         found = self._dead_letters("dl.delivery_id = :id", {"id": delivery_id}, 1)

@@ -61,7 +61,6 @@ def insert_one(conn: sqlite3.Connection, message: Message, producer: str | None 
     row = conn.execute(Q["insert_message"], params).fetchone()
     if row is not None:
         conn.execute(Q["insert_delivery"], {**params, "id": row[0]})
-        conn.execute(Q["insert_event"], (row[0], "enqueued", "pending", "{}"))
         result = EnqueueResult(row[0], message.key, created=True)
         if message.attachments:
             write_attachments(conn, [message], [result])
@@ -94,8 +93,10 @@ def _batch_row(m: Message) -> tuple[Any, ...]:
 def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
                 producer: str | None = None) -> list[EnqueueResult]:
     """Insert-or-find a batch in whatever transaction ``conn`` is in: one INSERT for the
-    rows, one for their events, one look-up for the keys that existed already (each checked
-    as ``insert_one`` does: ``KeyConflict`` names every key ``producer`` may not have)."""
+    messages, one for their deliveries (no event rows: the timeline's "enqueued" entry is
+    the delivery's ``created_at``), one look-up for the keys that existed already (each
+    checked as ``insert_one`` does: ``KeyConflict`` names every key ``producer`` may not
+    have)."""
     if not messages:
         return []
     first = first_by_key(messages)
@@ -105,9 +106,6 @@ def insert_many(conn: sqlite3.Connection, messages: Sequence[Message],
     if created:
         conn.execute(Q["insert_deliveries"], {"rows": json.dumps(
             [_delivery_row(id_, first[key]) for key, id_ in created.items()])})
-    # Through a cursor: SQLAlchemy's adapted aiosqlite connection has no executemany.
-    conn.cursor().executemany(Q["insert_event"], [(id_, "enqueued", "pending", "{}")
-                                     for id_ in created.values()])
     existing: dict[str, int] = {}
     missing = [key for key in first if key not in created]
     if missing:

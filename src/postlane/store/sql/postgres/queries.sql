@@ -56,7 +56,8 @@ LISTEN postlane_enqueued
 -- share the id, taken from the deliveries' sequence. The message goes first: its unique key
 -- decides whether there is a delivery to create at all. The ID marker is that id: next_delivery_id
 -- for one message, an id reserved in input order in the synchronous bulk form. Writable
--- CTEs: the message, its delivery and its enqueued event are one statement.
+-- CTEs: the message and its delivery are one statement (its "enqueued" entry is the
+-- delivery's created_at: store.machine.timeline).
 WITH msg AS (
     INSERT INTO postlane_messages (id, idempotency_key, recipient, sender, subject, text_body,
                                    html_body, headers, metadata, template_id,
@@ -74,9 +75,6 @@ WITH msg AS (
                     now() + make_interval(secs => %(expires_in_s)s::float8))
     FROM msg
     RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
 )
 SELECT id FROM ins
 
@@ -103,26 +101,19 @@ SELECT now(), ARRAY(SELECT nextval('postlane_deliveries_id_seq') FROM generate_s
 COPY postlane_messages (__COLUMNS__) FROM STDIN
 
 -- name: insert_deliveries
--- The batch's deliveries and their enqueued events, in one statement from parallel
--- arrays, in key order like the messages. A column that is the same for every row (the
--- lane, the channel) or unset for all (import, delay, expiry) comes as a NULL array, which
--- unnest pads with NULLs, and takes the scalar or the default instead: run_at is then now(),
--- the same transaction clock reserve_ids read. The events take the ids from the array too,
--- not from a RETURNING of the insert: the insert writes every id or fails the statement,
--- and the server saves keeping and scanning its output (the row order, and so the events'
--- ids, is the same).
-WITH d AS (
-    INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at)
-    OVERRIDING SYSTEM VALUE
-    SELECT r.id, COALESCE(r.lane, %(lane)s), COALESCE(r.channel, %(channel)s), r.import_id,
-           COALESCE(r.run_at, now()), r.expires_at
-    FROM unnest(%(ids)s::bigint[], %(lanes)s::text[], %(channels)s::text[],
-                %(import_ids)s::text[], %(run_at)s::timestamptz[],
-                %(expires_at)s::timestamptz[])
-         AS r(id, lane, channel, import_id, run_at, expires_at)
-)
-INSERT INTO postlane_events (delivery_id, kind, state)
-SELECT unnest(%(ids)s::bigint[]), 'enqueued', 'pending'
+-- The batch's deliveries, in one statement from parallel arrays, in key order like the
+-- messages. A column that is the same for every row (the lane, the channel) or unset for
+-- all (import, delay, expiry) comes as a NULL array, which unnest pads with NULLs, and takes
+-- the scalar or the default instead: run_at is then now(), the same transaction clock
+-- reserve_ids read. No event row: the timeline's "enqueued" entry is the delivery's
+-- created_at (store.machine.timeline).
+INSERT INTO postlane_deliveries (id, lane, channel, import_id, run_at, expires_at)
+OVERRIDING SYSTEM VALUE
+SELECT r.id, COALESCE(r.lane, %(lane)s), COALESCE(r.channel, %(channel)s), r.import_id,
+       COALESCE(r.run_at, now()), r.expires_at
+FROM unnest(%(ids)s::bigint[], %(lanes)s::text[], %(channels)s::text[],
+            %(import_ids)s::text[], %(run_at)s::timestamptz[], %(expires_at)s::timestamptz[])
+     AS r(id, lane, channel, import_id, run_at, expires_at)
 
 -- name: create_staging
 -- A batch's rows as the insert-or-find way stages them (ids and times already set).
@@ -156,10 +147,6 @@ WITH msg AS (
     OVERRIDING SYSTEM VALUE
     SELECT s.id, s.lane, s.channel, s.import_id, s.run_at, s.expires_at
     FROM postlane_staging s JOIN msg ON msg.id = s.id
-    RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
 )
 SELECT id, idempotency_key FROM msg
 
@@ -204,10 +191,6 @@ WITH r AS (
     SELECT r.id, r.lane, r.channel, r.import_id, now() + make_interval(secs => r.delay_s),
            COALESCE(r.expires_at, now() + make_interval(secs => r.expires_in_s))
     FROM r JOIN msg ON msg.id = r.id
-    RETURNING id
-), ev AS (
-    INSERT INTO postlane_events (delivery_id, kind, state)
-    SELECT id, 'enqueued', 'pending' FROM ins
 )
 SELECT id, idempotency_key FROM msg
 
@@ -416,13 +399,14 @@ SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE id = %s
 SELECT {{delivery_columns}} FROM {{delivery_rows}} WHERE idempotency_key = %s
 
 -- name: timeline
--- With the claim each row ends (store.machine.timeline), then the claim still held: the
--- row without an event id.
+-- The event rows, with the claim each ends, then the delivery's own row (the one without an
+-- event id): when it was enqueued, and the claim it holds while sending (store.machine.
+-- timeline makes the entries neither writes a row for).
 SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
 FROM postlane_events WHERE delivery_id = %(id)s
 UNION ALL
-SELECT NULL, id, claimed_at, NULL, NULL, NULL, claimed_at, lease_owner, claims
-FROM postlane_deliveries WHERE id = %(id)s AND state = 'sending'
+SELECT NULL, id, created_at, NULL, state, NULL, claimed_at, lease_owner, claims
+FROM postlane_deliveries WHERE id = %(id)s
 ORDER BY 1
 
 -- name: dead_letters

@@ -673,13 +673,14 @@ WHERE name = ? AND version = ? RETURNING name
 SELECT {{delivery_columns}} FROM postlane_delivery_rows WHERE idempotency_key = ?
 
 -- name: timeline
--- With the claim each row ends (store.machine.timeline), then the claim still held: the
--- row without an event id.
+-- The event rows, with the claim each ends, then the delivery's own row (the one without an
+-- event id): when it was enqueued, and the claim it holds while sending (store.machine.
+-- timeline makes the entries neither writes a row for).
 SELECT id, delivery_id, at, kind, state, data, claimed_at, claimed_by, claim
 FROM postlane_events WHERE delivery_id = :id
 UNION ALL
-SELECT NULL, id, claimed_at, NULL, NULL, NULL, claimed_at, lease_owner, claims
-FROM postlane_deliveries WHERE id = :id AND state = 'sending'
+SELECT NULL, id, created_at, NULL, state, NULL, claimed_at, lease_owner, claims
+FROM postlane_deliveries WHERE id = :id
 ORDER BY 1
 
 -- name: dead_letters
