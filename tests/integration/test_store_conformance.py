@@ -220,6 +220,24 @@ async def test_enqueue_many_results_in_input_order(store: Store, side: SideDB) -
         assert (entry.kind, entry.state, entry.at) == ("enqueued", "pending", d.created_at)
 
 
+async def test_a_delivery_enqueued_by_an_earlier_postlane_reads_one_enqueued_entry(
+        store: Store, side: SideDB) -> None:
+    """Before the enqueue stopped writing its row, it wrote an ``enqueued`` event: such a
+    delivery (an old worker's, during an upgrade) shows that row once, not a second entry
+    made from ``created_at``."""
+    d = await store.enqueue(msg("old"))
+    if side.engine == "sqlite":
+        side.query("INSERT INTO postlane_events (delivery_id, at, kind, state, data) "
+                   "VALUES (?, 1000.0, 'enqueued', 'pending', '{}')", (d.id,))
+    else:
+        side.query("INSERT INTO postlane_events (delivery_id, at, kind, state) "
+                   "VALUES (?, to_timestamp(1000), 'enqueued', 'pending')", (d.id,))
+    claimed = await claim_one(store)
+    entries = await store.timeline(claimed.id)
+    assert [e.kind for e in entries] == ["enqueued", "claimed"]
+    assert entries[0].at.timestamp() == 1000.0  # the row's, not the delivery's
+
+
 async def test_enqueue_many_empty(store: Store) -> None:
     assert await store.enqueue_many([]) == []
 
