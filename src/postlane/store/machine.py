@@ -91,7 +91,7 @@ def timeline(delivery_id: int, rows: Iterable[tuple[Event, ClaimColumns]],
         if claimed_at is not None:
             events.append(claimed_event(event, claimed_at, owner, claim))
         events.append(event)
-    if delivery is None:  # gone (pruned) between the reads: what its rows said
+    if delivery is None:  # no such delivery (a prune deletes its events with it)
         return events
     if not events or events[0].kind != ENQUEUED_EVENT:
         events.insert(0, Event(0, delivery_id, delivery.created_at, ENQUEUED_EVENT,
