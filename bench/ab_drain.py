@@ -5,6 +5,7 @@ each side spends per job in the workers and in PostgreSQL (or SQLite, ``--engine
     python -m bench.ab_drain --jobs 50000 --rounds 3 before=/tmp/a after=.
     python -m bench.ab_drain before=/tmp/a pgqueuer  # a peer in the same rounds
     python -m bench.ab_drain --engine sqlite before=/tmp/a after=.   # one process each
+    python -m bench.ab_drain a=. b=.@--batch-size,200                  # settings side by side
 
 Each name=DIR runs ``postlane worker --provider noop:// --drain`` (``--procs`` processes,
 ``--extra`` arguments) with ``PYTHONPATH=DIR/src``, on a fresh database filled by that tree's
@@ -156,7 +157,9 @@ def run_pgqueuer(jobs: int, work: Path) -> Run:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.ab_drain",
                                 description=__doc__.split("\n")[0])
-    p.add_argument("sides", nargs="+", help="name=DIR (a source tree) or pgqueuer")
+    p.add_argument("sides", nargs="+",
+                   help="name=DIR (a source tree), name=DIR@ARGS (with its own `postlane "
+                        "worker` arguments, spaces as commas) or pgqueuer")
     p.add_argument("--jobs", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--engine", choices=("postgres", "sqlite"), default="postgres")
@@ -166,18 +169,17 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more `postlane worker` arguments")
     args = p.parse_args()
     procs = args.procs or (2 if args.engine == "postgres" else 1)
-    sides = [(s, None) if s == "pgqueuer" else (s.split("=", 1)[0], Path(s.split("=", 1)[1]))
-             for s in args.sides]
-    if any(path is None for _, path in sides):
+    sides = [_side(s) for s in args.sides]
+    if any(path is None for _, path, _ in sides):
         ensure_peers_venv()
-    runs: dict[str, list[Run]] = {name: [] for name, _ in sides}
+    runs: dict[str, list[Run]] = {name: [] for name, _, _ in sides}
     with h.workdir("ab") as work:
         for round_ in range(1, args.rounds + 1):
-            for name, path in sides:
+            for name, path, own in sides:
                 started = time.time()
                 run = (run_pgqueuer(args.jobs, work) if path is None else
                        run_postlane(path.resolve(), args.jobs, procs,
-                                    args.extra.split(), work, args.engine))
+                                    args.extra.split() + own, work, args.engine))
                 runs[name].append(run)
                 print(f"round {round_} {name:>12}: {run.jobs_per_s:8,.0f} jobs/s   "
                       f"consumers {run.consumer_us:6.1f} µs/job   "
@@ -186,6 +188,15 @@ def main() -> None:
         print(f"median {name:>12}: {statistics.median(r.jobs_per_s for r in done):8,.0f} jobs/s"
               f"   consumers {statistics.median(r.consumer_us for r in done):6.1f} µs/job"
               f"   {_postgres_column(done)}")
+
+
+def _side(spec: str) -> tuple[str, Path | None, list[str]]:
+    """(name, source tree or None for PgQueuer, this side's own worker arguments)."""
+    if spec == "pgqueuer":
+        return spec, None, []
+    name, _, rest = spec.partition("=")
+    tree, _, own = rest.partition("@")
+    return name, Path(tree), [a for a in own.split(",") if a]
 
 
 def _postgres_column(runs: list[Run]) -> str:
