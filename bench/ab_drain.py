@@ -194,8 +194,10 @@ def _side(spec: str) -> tuple[str, Path | None, list[str]]:
     """(name, source tree or None for PgQueuer, this side's own worker arguments)."""
     if spec == "pgqueuer":
         return spec, None, []
-    name, _, rest = spec.partition("=")
+    name, eq, rest = spec.partition("=")
     tree, _, own = rest.partition("@")
+    if not eq or not name or not tree:
+        raise SystemExit(f"ab_drain: side {spec!r} is not name=DIR, name=DIR@ARGS or pgqueuer")
     return name, Path(tree), [a for a in own.split(",") if a]
 
 
